@@ -1,0 +1,1 @@
+"""Benchmarks: speculative methods per prompt category, and peers (transformers, llama.cpp)."""

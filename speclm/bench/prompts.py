@@ -1,0 +1,29 @@
+"""Benchmark prompts from a Spec-Bench style JSONL file (question_id, category, turns)."""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+
+def load_prompts(path: str, per_category: int | None = None, categories: list[str] | None = None) -> list[dict]:
+    """First turns, keeping at most `per_category` prompts of each category (file order)."""
+    taken: dict[str, int] = defaultdict(int)
+    prompts = []
+    with open(path) as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                category, text = row["category"], row["turns"][0]
+            except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
+                raise ValueError(f"{path}:{line_no}: not a Spec-Bench prompt line ({e})") from e
+            if categories and category not in categories:
+                continue
+            if per_category is not None and taken[category] >= per_category:
+                continue
+            taken[category] += 1
+            prompts.append({"id": row.get("question_id", line_no), "category": category, "text": text})
+    if not prompts:
+        raise ValueError(f"{path}: no prompts selected")
+    return prompts

@@ -1,0 +1,68 @@
+"""Write benchmark results as JSON, a markdown table and a PNG plot."""
+from __future__ import annotations
+
+import json
+import os
+
+
+def write_json(path: str, payload: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2)
+
+
+def markdown_table(summary: dict, methods: list[str], title: str, command: str, machine: dict) -> str:
+    lines = [
+        f"# {title}",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
+        f"({machine.get('torch_threads')} threads)",
+        "",
+        "| category | method | prompts | tokens/s | speedup vs AR | tau | acceptance | per-position acceptance | greedy mismatches |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    categories = sorted((c for c in summary if c != "overall")) + ["overall"]
+    for category in categories:
+        for method in methods:
+            m = summary.get(category, {}).get(method)
+            if m is None:
+                continue
+            per_pos = " ".join(f"{x:.2f}" for x in m["per_position_acceptance"]) or "-"
+            speedup = f"{m['speedup']:.2f}x" if m.get("speedup") else "-"
+            acc = f"{100 * m['acceptance_rate']:.0f}%" if method != "ar" else "-"
+            name = f"**{category}**" if category == "overall" else category
+            lines.append(
+                f"| {name} | {method} | {m['prompts']} | {m['tokens_per_s']:.1f} | {speedup} | "
+                f"{m['mean_accepted_length']:.2f} | {acc} | {per_pos} | {m['greedy_mismatches']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot_speedups(path: str, summary: dict, methods: list[str], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    categories = sorted(c for c in summary if c != "overall") + ["overall"]
+    spec_methods = [m for m in methods if m != "ar"]
+    width = 0.8 / max(len(spec_methods), 1)
+    fig, ax = plt.subplots(figsize=(max(8, len(categories) * 0.9), 4.5))
+    for i, method in enumerate(spec_methods):
+        values = [summary.get(c, {}).get(method, {}).get("speedup") or 0 for c in categories]
+        ax.bar([x + i * width for x in range(len(categories))], values, width, label=method)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks([x + width * (len(spec_methods) - 1) / 2 for x in range(len(categories))])
+    ax.set_xticklabels(categories, rotation=30, ha="right")
+    ax.set_ylabel("speedup over AR (same run)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def output_paths(out_dir: str, name: str) -> dict[str, str]:
+    os.makedirs(out_dir, exist_ok=True)
+    return {ext: os.path.join(out_dir, f"{name}.{ext}") for ext in ("json", "md", "png")}

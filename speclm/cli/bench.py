@@ -1,0 +1,98 @@
+"""`speclm bench`: speed and acceptance of decoding methods per prompt category, plus peers."""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+from speclm.cli.common import add_model_args, load_llm
+
+DEFAULT_PROMPTS = os.path.join("..", "shared", "prompts", "specbench_dev.jsonl")
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="benchmark decoding methods (and peers) on a prompt set",
+        description="Run each method over the same prompts (interleaved per prompt), then print and write "
+        "JSON + markdown + PNG with tokens/s, speedup over AR in the same run, tau (tokens per target pass), "
+        "acceptance rate and per-position acceptance, per category and overall.",
+    )
+    add_model_args(p)
+    p.add_argument("--prompts", default=DEFAULT_PROMPTS, help=f"Spec-Bench style JSONL (default {DEFAULT_PROMPTS})")
+    p.add_argument("--methods", default="ar,ngram",
+                   help="comma-separated: ar, ngram, ngram:MAX_N, layerskip:N, draft:PATH (default ar,ngram)")
+    p.add_argument("--per-category", type=int, default=5, help="prompts per category (default 5; 0 = all)")
+    p.add_argument("--categories", default=None, help="comma-separated categories to keep (default all)")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--k", type=int, default=4, help="draft tokens per step, the maximum when adaptive (default 4)")
+    p.add_argument("--no-adaptive", action="store_true", help="fixed K instead of adaptive speculation length")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
+    p.add_argument("--no-chat", action="store_true", help="feed prompts raw instead of through the chat template")
+    p.add_argument("--peers", default="", help="comma-separated peers to time in the same run: transformers")
+    p.add_argument("--out", default="benchmarks", help="output directory (default benchmarks/)")
+    p.add_argument("--name", default="spec_bench", help="output file stem (default spec_bench)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from speclm.bench.machine import machine_info
+    from speclm.bench.prompts import load_prompts
+    from speclm.bench.report import markdown_table, output_paths, plot_speedups, write_json
+    from speclm.bench.spec_bench import aggregate, run_methods
+    from speclm.sampling_params import SamplingParams
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not methods:
+        raise ValueError("--methods is empty")
+    if "ar" not in methods:
+        methods.insert(0, "ar")  # speedups are always relative to AR in the same run
+    methods.remove("ar")
+    methods.insert(0, "ar")
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    for peer in peers:
+        if peer != "transformers":
+            raise ValueError(f"unknown peer {peer!r} (supported: transformers)")
+    params = SamplingParams(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens,
+                            ignore_eos=args.ignore_eos or bool(peers))
+    categories = args.categories.split(",") if args.categories else None
+    prompts = load_prompts(args.prompts, args.per_category or None, categories)
+    args.spec = None
+    llm = load_llm(args)
+    records = run_methods(llm, prompts, methods, params, args.k, not args.no_adaptive, chat=not args.no_chat)
+
+    if peers:
+        from speclm.bench.peers import transformers_greedy
+
+        ids = [llm.tokenizer.encode_chat([{"role": "user", "content": p["text"]}]) if not args.no_chat
+               else llm.tokenizer.encode(p["text"]) for p in prompts]
+        print("timing transformers generate (fp32) on the same prompts ...", file=sys.stderr)
+        for prompt, result in zip(prompts, transformers_greedy(llm.model_path, ids, args.max_tokens)):
+            records.append({
+                "prompt_id": prompt["id"], "category": prompt["category"], "method": "transformers",
+                "prompt_tokens": 0, "tokens": result["tokens"], "seconds": result["seconds"],
+                "decode_seconds": result["seconds"], "target_forwards": result["tokens"],
+                "decode_steps": result["tokens"], "decode_tokens": result["tokens"], "drafted": 0, "accepted": 0,
+                "drafted_per_position": [], "accepted_per_position": [], "proposer_seconds": 0.0,
+                "matches_first_method": True,
+            })
+        methods = methods + ["transformers"]
+
+    summary = aggregate(records)
+    machine = machine_info()
+    command = "speclm bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "speclm bench"
+    title = f"speclm bench: {os.path.basename(llm.model_path)}, temperature {args.temperature}, {args.max_tokens} tokens"
+    paths = output_paths(args.out, args.name)
+    write_json(paths["json"], {"command": command, "machine": machine, "methods": methods,
+                               "params": vars(params), "k": args.k, "adaptive": not args.no_adaptive,
+                               "summary": summary, "records": records})
+    table = markdown_table(summary, methods, title, command, machine)
+    with open(paths["md"], "w") as f:
+        f.write(table)
+    plot_speedups(paths["png"], summary, methods, title)
+    print(table)
+    print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}", file=sys.stderr)
+    return 0

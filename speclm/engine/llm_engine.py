@@ -1,0 +1,116 @@
+"""The decode loop: prefill, then propose -> verify -> commit until a stop condition.
+
+Plain autoregressive decoding is the same loop with no proposer (K = 0), so both paths share the
+target forward, the verifier and the stop handling, and cannot drift apart.
+"""
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from speclm.engine.model_runner import ModelRunner
+from speclm.engine.request import GenerationStats, Request, RequestOutput
+from speclm.engine.stop import OutputTracker
+from speclm.sample.rejection import RejectionSampler
+from speclm.sample.sampler import select_tokens
+from speclm.spec.adaptive import SpeculationController
+from speclm.spec.proposer import Proposal, Proposer
+from speclm.tokenizer import Tokenizer
+
+
+@dataclass
+class StreamChunk:
+    """Text and tokens committed by one engine step; `output` is set on the last chunk."""
+
+    text: str
+    token_ids: list[int]
+    output: RequestOutput | None = None
+
+
+class LLMEngine:
+    """Generates for one request at a time with an optional speculative proposer."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tokenizer: Tokenizer,
+        proposer: Proposer | None = None,
+        num_speculative_tokens: int = 4,
+        adaptive: bool = True,
+    ) -> None:
+        if proposer is not None and not 1 <= num_speculative_tokens <= 32:
+            raise ValueError(f"num_speculative_tokens (K) must be in 1..32, got {num_speculative_tokens}")
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.proposer = proposer
+        self.max_k = num_speculative_tokens if proposer is not None else 0
+        self.adaptive = adaptive
+        self.verifier = RejectionSampler()
+
+    def check_prompt(self, prompt_ids: list[int]) -> None:
+        limit = self.runner.context_length
+        if len(prompt_ids) >= limit:
+            raise ValueError(
+                f"prompt is {len(prompt_ids)} tokens but the model's context is {limit} tokens "
+                "(it needs room for at least one generated token)"
+            )
+
+    def generate(self, request: Request, prompt: str | None = None) -> RequestOutput:
+        for chunk in self.stream(request, prompt):
+            if chunk.output is not None:
+                return chunk.output
+        raise AssertionError("stream ended without an output")
+
+    def stream(self, request: Request, prompt: str | None = None) -> Iterator[StreamChunk]:
+        """Yield text as it is generated; the final chunk carries the RequestOutput."""
+        params, prompt_ids = request.params, request.prompt_ids
+        self.check_prompt(prompt_ids)
+        t_start = time.perf_counter()
+        stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        max_total = self.runner.context_length
+        capacity = min(max_total, len(prompt_ids) + params.max_tokens + self.max_k + 1)
+        cache = self.runner.new_cache(capacity)
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        generator = torch.Generator().manual_seed(seed)
+        tracker = OutputTracker(self.tokenizer, prompt_ids, params, max_total)
+        controller = SpeculationController(self.max_k, adaptive=self.adaptive)
+        if self.proposer is not None:
+            self.proposer.start(prompt_ids, capacity)
+
+        logits, seconds = self.runner.forward(cache, prompt_ids, 0, logits_from=len(prompt_ids) - 1)
+        cache.truncate(len(prompt_ids))
+        stats.target_forwards, stats.target_seconds = 1, seconds
+        stats.prefill_seconds = time.perf_counter() - t_start
+        tracker.add([int(select_tokens(logits, params, generator)[0])])
+        yield StreamChunk(tracker.take_delta(), tracker.token_ids[:])
+
+        while not tracker.finished:
+            context = prompt_ids + tracker.token_ids
+            # K drafts plus the bonus token must fit the budget, the cache and the context.
+            k = min(controller.next_k(), tracker.remaining - 1, capacity - len(context) - 1)
+            proposal, proposer_seconds = Proposal(), 0.0
+            if k > 0:
+                t0 = time.perf_counter()
+                proposal = self.proposer.propose(context, k, params, generator)
+                proposer_seconds = time.perf_counter() - t0
+            drafts = proposal.tokens
+            logits, target_seconds = self.runner.forward(cache, [context[-1]] + drafts, len(context) - 1)
+            result = self.verifier.verify(logits, drafts, proposal.probs, params, generator)
+            cache.truncate(len(context) + result.num_accepted)
+            if self.proposer is not None:
+                self.proposer.update(result.num_accepted)
+            controller.record(len(drafts), result.num_accepted, proposer_seconds, target_seconds)
+            committed = tracker.add(result.tokens)
+            stats.record_step(len(drafts), result.num_accepted, committed)
+            stats.proposer_seconds += proposer_seconds
+            stats.target_seconds += target_seconds
+            yield StreamChunk(tracker.take_delta(), result.tokens[:committed])
+
+        stats.completion_tokens = len(tracker.token_ids)
+        stats.seconds = time.perf_counter() - t_start
+        output = RequestOutput(request.request_id, prompt, tracker.text, tracker.token_ids, tracker.finish_reason, stats)
+        yield StreamChunk(tracker.take_delta(), [], output)

@@ -1,0 +1,91 @@
+"""A generation request, its statistics, and its result."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from speclm.sampling_params import SamplingParams
+
+
+@dataclass
+class GenerationStats:
+    """Counters and timings for one request. Speculative fields stay at their AR values for AR."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    target_forwards: int = 0  # prefill included
+    decode_steps: int = 0  # target passes after prefill
+    decode_tokens: int = 0  # tokens those passes committed
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    proposer_seconds: float = 0.0
+    target_seconds: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """tau: tokens committed per target verification pass (1.0 for plain decoding)."""
+        return self.decode_tokens / self.decode_steps if self.decode_steps else 1.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    def record_step(self, num_drafted: int, num_accepted: int, num_committed: int) -> None:
+        self.target_forwards += 1
+        self.decode_steps += 1
+        self.decode_tokens += num_committed
+        self.drafted_tokens += num_drafted
+        self.accepted_tokens += num_accepted
+        while len(self.drafted_per_position) < num_drafted:
+            self.drafted_per_position.append(0)
+            self.accepted_per_position.append(0)
+        for i in range(num_drafted):
+            self.drafted_per_position[i] += 1
+            if i < num_accepted:
+                self.accepted_per_position[i] += 1
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for name in ("tokens_per_s", "mean_accepted_length", "acceptance_rate", "per_position_acceptance"):
+            d[name] = getattr(self, name)
+        return d
+
+
+@dataclass
+class Request:
+    """One prompt (already tokenized) and how to continue it."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class RequestOutput:
+    """What generation produced: text, token ids, why it stopped, and statistics."""
+
+    request_id: str
+    prompt: str | None
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" (EOS or stop string) | "length" (max_tokens or context full)
+    stats: GenerationStats
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "stats": self.stats.to_dict(),
+        }

@@ -1,0 +1,4 @@
+"""KV cache storage."""
+from speclm.kv.cache import KVCache
+
+__all__ = ["KVCache"]

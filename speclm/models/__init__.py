@@ -1,0 +1,7 @@
+"""Model architectures and loading."""
+from speclm.models.checkpoint import Checkpoint, ModelLoadError, build_model
+from speclm.models.config import ModelConfig
+from speclm.models.llama import LlamaModel
+from speclm.models.loader import load_checkpoint
+
+__all__ = ["Checkpoint", "LlamaModel", "ModelConfig", "ModelLoadError", "build_model", "load_checkpoint"]

@@ -1,0 +1,149 @@
+"""Read GGUF files (llama.cpp's format) with the `gguf` package into a Checkpoint."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import torch
+
+from speclm.models.checkpoint import Checkpoint, ModelLoadError
+from speclm.models.config import ModelConfig
+
+SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q8_K")
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def open_gguf(path: str):
+    """A GGUFReader, with format errors turned into a ModelLoadError naming the file."""
+    import gguf
+
+    try:
+        return gguf.GGUFReader(path)
+    except (ValueError, OSError, IndexError, KeyError, AssertionError) as e:
+        raise ModelLoadError(f"{path}: not a readable GGUF file (truncated or corrupt?): {e}") from e
+
+
+def field_value(reader, key: str, default=None):
+    """The decoded value of a GGUF metadata field, or `default`."""
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    return None
+
+
+def rope_rows_to_half_split(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Reorder Q/K rows from the interleaved RoPE layout (Meta, llama.cpp, llama2.c) to half-split (HF)."""
+    out_features = w.shape[0]
+    return (
+        w.reshape(num_heads, out_features // num_heads // 2, 2, *w.shape[1:])
+        .transpose(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def dequantize_tensor(t) -> torch.Tensor:
+    """A GGUF tensor as fp32 in PyTorch's [out, in] orientation."""
+    import gguf
+
+    kind = t.tensor_type.name
+    if kind not in SUPPORTED_TENSOR_TYPES:
+        raise ModelLoadError(f"tensor {t.name} has unsupported GGUF type {kind}")
+    data = gguf.quants.dequantize(t.data, t.tensor_type)
+    shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+    array = np.ascontiguousarray(data, dtype=np.float32).reshape(shape)
+    if not array.flags.writeable:  # unquantized tensors are views of the read-only memory map
+        array = array.copy()
+    return torch.from_numpy(array)
+
+
+def config_from_gguf(reader, path: str) -> ModelConfig:
+    arch = field_value(reader, "general.architecture")
+    if arch not in ("llama", "qwen2"):
+        raise ModelLoadError(f"{path}: unsupported GGUF architecture {arch!r} (supported: llama, qwen2)")
+
+    def get(key, default=None):
+        return field_value(reader, f"{arch}.{key}", default)
+
+    num_heads = int(get("attention.head_count"))
+    hidden = int(get("embedding_length"))
+    tokens = field_value(reader, "tokenizer.ggml.tokens")
+    vocab_size = int(get("vocab_size", len(tokens) if tokens is not None else 0))
+    rope_scaling = None
+    scaling_type = get("rope.scaling.type")
+    if scaling_type and scaling_type != "none":
+        rope_scaling = {"rope_type": scaling_type, "factor": float(get("rope.scaling.factor", 1.0))}
+        original = get("rope.scaling.original_context_length")
+        if original:
+            rope_scaling["original_max_position_embeddings"] = int(original)
+    names = {t.name for t in reader.tensors}
+    eos = field_value(reader, "tokenizer.ggml.eos_token_id")
+    eot = field_value(reader, "tokenizer.ggml.eot_token_id")
+    eos_ids = [int(x) for x in (eos, eot) if x is not None]
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        num_layers=int(get("block_count")),
+        num_heads=num_heads,
+        num_kv_heads=int(get("attention.head_count_kv", num_heads)),
+        head_dim=int(get("attention.key_length", get("rope.dimension_count", hidden // num_heads))),
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        rope_scaling=rope_scaling,
+        max_position_embeddings=int(get("context_length", 2048)),
+        tie_word_embeddings="output.weight" not in names,
+        attention_bias=arch == "qwen2",
+        bos_token_id=field_value(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=list(dict.fromkeys(eos_ids)),
+    )
+
+
+def load_gguf(path: str) -> Checkpoint:
+    """Dequantize every tensor of a llama/qwen2 GGUF file into an fp32 Checkpoint."""
+    reader = open_gguf(path)
+    config = config_from_gguf(reader, path)
+    tensors: dict[str, torch.Tensor] = {}
+    quant_types: dict[str, str] = {}
+    try:
+        for t in reader.tensors:
+            name = hf_name(t.name)
+            if name is None:
+                continue  # e.g. rope_freqs: recomputed from the config
+            w = dequantize_tensor(t)
+            if config.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+                heads = config.num_heads if "q_proj" in name else config.num_kv_heads
+                w = rope_rows_to_half_split(w, heads)
+            tensors[name] = w
+            quant_types[name] = t.tensor_type.name
+    except (ValueError, IndexError) as e:
+        raise ModelLoadError(f"{path}: corrupt tensor data: {e}") from e
+    return Checkpoint(config, tensors, source=path, metadata={"format": "gguf", "gguf_tensor_types": quant_types})

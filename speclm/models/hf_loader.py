@@ -1,0 +1,44 @@
+"""Read Hugging Face model directories (config.json + safetensors) into a Checkpoint."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import torch
+
+from speclm.models.checkpoint import Checkpoint, ModelLoadError
+from speclm.models.config import ModelConfig
+
+
+def load_hf_dir(path: str) -> Checkpoint:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    config_path = os.path.join(path, "config.json")
+    if not os.path.exists(config_path):
+        raise ModelLoadError(f"{path}: no config.json; not a Hugging Face model directory")
+    with open(config_path) as f:
+        try:
+            raw = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ModelLoadError(f"{config_path}: invalid JSON: {e}") from e
+    try:
+        config = ModelConfig.from_hf_dict(raw)
+    except (KeyError, ValueError) as e:
+        raise ModelLoadError(f"{config_path}: {e}") from e
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise ModelLoadError(f"{path}: no *.safetensors files (pytorch_model.bin is not supported)")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            tensors.update(load_file(file))
+        except (SafetensorError, OSError) as e:
+            raise ModelLoadError(f"{file}: unreadable safetensors file: {e}") from e
+    tensors = {k: v.float() for k, v in tensors.items()}
+    if config.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    elif "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
+        config.tie_word_embeddings = True  # some exports omit the head when it equals the embedding
+    return Checkpoint(config, tensors, source=path, metadata={"format": "hf", "hf_config": raw})

@@ -1,0 +1,200 @@
+"""Building blocks of the llama-family decoder: RMSNorm, rotary embeddings, SwiGLU MLP, attention."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from speclm.models.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm, computed in fp32 like the reference implementations."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [head_dim/2] and the attention scaling factor, honouring rope_scaling."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind in ("default", None):
+        return inv_freq.float(), 1.0
+    if kind == "linear":
+        return (inv_freq / scaling["factor"]).float(), 1.0
+    if kind == "llama3":
+        factor = scaling["factor"]
+        low_freq_factor = scaling.get("low_freq_factor", 1.0)
+        high_freq_factor = scaling.get("high_freq_factor", 4.0)
+        original = scaling.get("original_max_position_embeddings", 8192)
+        low_freq_wavelen = original / low_freq_factor
+        high_freq_wavelen = original / high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+        smooth = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+        return torch.where(is_medium, smoothed, scaled).float(), 1.0
+    if kind == "yarn":
+        factor = scaling["factor"]
+        original = scaling.get("original_max_position_embeddings", config.max_position_embeddings)
+        beta_fast, beta_slow = scaling.get("beta_fast", 32), scaling.get("beta_slow", 1)
+
+        def correction_dim(num_rotations: float) -> float:
+            return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(config.rope_theta))
+
+        low = max(math.floor(correction_dim(beta_fast)), 0)
+        high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+        ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0, 1)
+        extrapolation_weight = 1 - ramp
+        inv = (inv_freq / factor) * (1 - extrapolation_weight) + inv_freq * extrapolation_weight
+        attention_factor = scaling.get("attention_factor") or (0.1 * math.log(factor) + 1.0)
+        return inv.float(), attention_factor
+    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3, yarn)")
+
+
+class RotaryEmbedding(nn.Module):
+    """Cos/sin tables in the half-split (GPT-NeoX / Hugging Face) layout, grown on demand."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        inv_freq, self.attention_scaling = rope_inverse_frequencies(config)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("cos_table", torch.empty(0), persistent=False)
+        self.register_buffer("sin_table", torch.empty(0), persistent=False)
+        self._grow(max(config.max_position_embeddings, 1) if config.max_position_embeddings <= 32768 else 4096)
+
+    def _grow(self, length: int) -> None:
+        t = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)
+        freqs = torch.outer(t, self.inv_freq)  # [length, head_dim/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [length, head_dim]
+        self.cos_table = emb.cos() * self.attention_scaling
+        self.sin_table = emb.sin() * self.attention_scaling
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for each position: [num_tokens, head_dim] each."""
+        needed = int(positions.max()) + 1
+        if needed > self.cos_table.shape[0]:
+            self._grow(max(needed, 2 * self.cos_table.shape[0]))
+        return self.cos_table[positions], self.sin_table[positions]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [heads, num_tokens, head_dim] by the half-split rotary convention."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+@dataclass
+class AttentionMetadata:
+    """Where a forward pass's tokens go in the KV cache and what they may attend to.
+
+    `start` is the cache slot of the first new token; the new tokens occupy slots
+    [start, start + num_tokens). `mask` ([num_tokens, start + num_tokens], True = may attend) is
+    None for the usual causal case; tree verification passes its own.
+    """
+
+    start: int
+    num_tokens: int
+    mask: torch.Tensor | None = None
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+    def sdpa_mask(self) -> tuple[torch.Tensor | None, bool]:
+        """(attn_mask, is_causal) arguments for scaled_dot_product_attention."""
+        if self.mask is not None:
+            return self.mask, False
+        if self.num_tokens == 1:
+            return None, False
+        if self.start == 0:
+            return None, True
+        q_pos = torch.arange(self.start, self.end).unsqueeze(1)
+        k_pos = torch.arange(self.end).unsqueeze(0)
+        return k_pos <= q_pos, False
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with a fused QKV projection and an external KV cache."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        q_size = config.num_heads * config.head_dim
+        kv_size = config.num_kv_heads * config.head_dim
+        self.split_sizes = [q_size, kv_size, kv_size]
+        self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden]
+        cos: torch.Tensor,  # [num_tokens, head_dim]
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,  # [kv_heads, capacity, head_dim]
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+        q = apply_rope(q.view(n, self.num_heads, self.head_dim).transpose(0, 1), cos, sin)
+        k = apply_rope(k.view(n, self.num_kv_heads, self.head_dim).transpose(0, 1), cos, sin)
+        k_cache[:, meta.start : meta.end] = k
+        v_cache[:, meta.start : meta.end] = v.view(n, self.num_kv_heads, self.head_dim).transpose(0, 1)
+        attn_mask, is_causal = meta.sdpa_mask()
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(0),
+            k_cache[:, : meta.end].unsqueeze(0),
+            v_cache[:, : meta.end].unsqueeze(0),
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )  # [1, heads, num_tokens, head_dim]
+        return self.o_proj(out[0].transpose(0, 1).reshape(n, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward with a fused gate/up projection."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))

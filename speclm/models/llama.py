@@ -1,0 +1,59 @@
+"""The llama-family decoder (llama, mistral, qwen2): forward -> hidden states, then logits."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from speclm.kv.cache import KVCache
+from speclm.models.config import ModelConfig
+from speclm.models.layers import AttentionMetadata, DecoderLayer, RMSNorm, RotaryEmbedding
+
+
+class LlamaModel(nn.Module):
+    """Decoder-only transformer. `forward` returns hidden states; `compute_logits` applies the head.
+
+    Keeping the two apart lets callers compute logits only where they need them (the last
+    prompt token, or the K+1 verification positions) and lets draft heads reuse hidden states.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def new_cache(self, capacity: int, num_layers: int | None = None) -> KVCache:
+        """An empty KV cache for one sequence of up to `capacity` tokens."""
+        c = self.config
+        p = self.embed_tokens.weight
+        return KVCache(num_layers or c.num_layers, c.num_kv_heads, c.head_dim, capacity, p.dtype, p.device)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [num_tokens]
+        positions: torch.Tensor,  # [num_tokens]
+        cache: KVCache,
+        meta: AttentionMetadata,
+        num_layers: int | None = None,
+    ) -> torch.Tensor:
+        """Hidden states after the final norm, [num_tokens, hidden]. `num_layers` runs a prefix of
+        the layers only (self-speculation); the final norm is applied either way."""
+        x = self.embed_tokens(tokens)
+        cos, sin = self.rotary(positions)
+        for i, layer in enumerate(self.layers[: num_layers or len(self.layers)]):
+            k_cache, v_cache = cache.layer(i)
+            x = layer(x, cos, sin, k_cache, v_cache, meta)
+        return self.norm(x)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor, indices: torch.Tensor | list[int] | None = None) -> torch.Tensor:
+        """Logits [len(indices), vocab] for the selected rows of `hidden` (all rows if None), fp32."""
+        if indices is not None:
+            hidden = hidden[indices]
+        return self.lm_head(hidden).float()

@@ -1,0 +1,44 @@
+"""The processed next-token distribution (temperature, top-k, top-p) and drawing from it.
+
+Plain decoding, draft models and the speculative verifier all call `processed_probs`, so the
+distribution a draft proposes from and the one the target verifies against are computed alike.
+"""
+from __future__ import annotations
+
+import torch
+
+from speclm.sampling_params import SamplingParams
+
+
+def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Probabilities [rows, vocab] after temperature, top-k and top-p (rows are independent).
+
+    Greedy (temperature 0) gives a one-hot distribution on the argmax.
+    """
+    logits = logits.float()
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / params.temperature
+    if 0 < params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [rows, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs  # mass of strictly more likely tokens
+        sorted_probs = sorted_probs.masked_fill(mass_before >= params.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token id per row of probs [rows, vocab] -> [rows]."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def select_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+    """Next tokens [rows] for logits [rows, vocab]: argmax when greedy, else a draw."""
+    if params.greedy:
+        return logits.argmax(-1)
+    return sample_from_probs(processed_probs(logits, params), generator)

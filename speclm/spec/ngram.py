@@ -1,0 +1,44 @@
+"""Prompt-lookup proposer: continue the most recent earlier occurrence of the context's last n tokens."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from speclm.sampling_params import SamplingParams
+from speclm.spec.proposer import Proposal
+
+
+class NgramProposer:
+    """Match the last n tokens (n from max_n down to min_n) against prompt + output so far and
+    propose the tokens that followed the latest match. Costs microseconds; no model involved."""
+
+    name = "ngram"
+
+    def __init__(self, min_n: int = 1, max_n: int = 4) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        self.min_n, self.max_n = min_n, max_n
+
+    def start(self, prompt_ids: list[int], capacity: int) -> None:
+        pass
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+        return Proposal(find_continuation(context, k, self.min_n, self.max_n))
+
+    def update(self, num_accepted: int) -> None:
+        pass
+
+
+def find_continuation(context: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """Up to k tokens following the latest earlier match of the longest matching suffix."""
+    ids = np.asarray(context, dtype=np.int64)
+    total = len(ids)
+    for n in range(min(max_n, total - 1), min_n - 1, -1):
+        suffix = ids[total - n :]
+        # Windows starting at 0 .. total-n-1 (excluding the suffix itself).
+        windows = np.lib.stride_tricks.sliding_window_view(ids[: total - 1], n)
+        hits = np.flatnonzero((windows == suffix).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return ids[start : start + k].tolist()
+    return []

@@ -1,0 +1,35 @@
+"""Shared fixtures: the real tiny stories260K model and the default SmolLM2 model."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared")
+STORIES_DIR = os.path.abspath(os.path.join(SHARED, "models", "stories260K"))
+STORIES_MODEL = os.path.join(STORIES_DIR, "stories260K.bin")
+STORIES_TOKENIZER = os.path.join(STORIES_DIR, "tok512.bin")
+SPECBENCH = os.path.abspath(os.path.join(SHARED, "prompts", "specbench_dev.jsonl"))
+STORIES_GOLDEN = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park."
+
+
+@pytest.fixture(scope="session")
+def stories_llm():
+    from speclm import LLM
+
+    return LLM(STORIES_MODEL, tokenizer=STORIES_TOKENIZER)
+
+
+@pytest.fixture(scope="session")
+def default_llm():
+    from speclm import LLM
+
+    return LLM()
+
+
+@pytest.fixture(scope="session")
+def specbench_prompts() -> list[dict]:
+    import json
+
+    with open(SPECBENCH) as f:
+        return [json.loads(line) for line in f]
