@@ -16,7 +16,6 @@ from speclm.engine.model_runner import ModelRunner
 from speclm.engine.request import GenerationStats, Request, RequestOutput
 from speclm.engine.stop import OutputTracker
 from speclm.sample.rejection import RejectionSampler
-from speclm.sample.sampler import select_tokens
 from speclm.spec.adaptive import SpeculationController
 from speclm.spec.proposer import Proposal, Proposer
 from speclm.tokenizer import Tokenizer
@@ -81,12 +80,12 @@ class LLMEngine:
         if self.proposer is not None:
             self.proposer.start(prompt_ids, capacity)
 
-        logits, seconds = self.runner.forward(cache, prompt_ids, 0, logits_from=len(prompt_ids) - 1)
-        cache.truncate(len(prompt_ids))
-        stats.target_forwards, stats.target_seconds = 1, seconds
+        # Prefill all but the last prompt token; the last one is "pending" like every later token, so
+        # even the first generated token comes from a propose -> verify step.
+        if len(prompt_ids) > 1:
+            seconds = self.runner.prefill(cache, prompt_ids[:-1])
+            stats.target_forwards, stats.target_seconds = 1, seconds
         stats.prefill_seconds = time.perf_counter() - t_start
-        tracker.add([int(select_tokens(logits, params, generator)[0])])
-        yield StreamChunk(tracker.take_delta(), tracker.token_ids[:])
 
         while not tracker.finished:
             context = prompt_ids + tracker.token_ids

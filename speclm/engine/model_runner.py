@@ -24,19 +24,25 @@ class ModelRunner:
     def new_cache(self, capacity: int) -> KVCache:
         return self.model.new_cache(capacity)
 
-    def forward(self, cache: KVCache, tokens: list[int], start: int, logits_from: int = 0) -> tuple[torch.Tensor, float]:
-        """Write `tokens` at cache slots start.. and return (logits [len(tokens) - logits_from, vocab], seconds).
+    def _hidden(self, cache: KVCache, tokens: list[int], start: int) -> torch.Tensor:
+        n = len(tokens)
+        return self.model(
+            torch.tensor(tokens, dtype=torch.long), torch.arange(start, start + n), cache, AttentionMetadata(start, n)
+        )  # [n, hidden]
+
+    def prefill(self, cache: KVCache, tokens: list[int]) -> float:
+        """Fill the cache with `tokens` from slot 0 (no logits needed); returns seconds."""
+        t0 = time.perf_counter()
+        self._hidden(cache, tokens, 0)
+        cache.truncate(len(tokens))
+        return time.perf_counter() - t0
+
+    def forward(self, cache: KVCache, tokens: list[int], start: int) -> tuple[torch.Tensor, float]:
+        """Write `tokens` at cache slots start.. and return (logits [len(tokens), vocab], seconds).
 
         The cache's committed length is left for the caller to set: speculative callers keep only
         the accepted prefix.
         """
         t0 = time.perf_counter()
-        n = len(tokens)
-        hidden = self.model(
-            torch.tensor(tokens, dtype=torch.long),
-            torch.arange(start, start + n),
-            cache,
-            AttentionMetadata(start, n),
-        )
-        logits = self.model.compute_logits(hidden[logits_from:])
+        logits = self.model.compute_logits(self._hidden(cache, tokens, start))
         return logits, time.perf_counter() - t0

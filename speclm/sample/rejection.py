@@ -49,7 +49,7 @@ class RejectionSampler:
         n = 0
         while n < len(draft_tokens) and draft_tokens[n] == target_choice[n]:
             n += 1
-        return VerificationResult(draft_tokens[:n] + [target_choice[n]], n, n == len(draft_tokens))
+        return VerificationResult(draft_tokens[:n] + [target_choice[n]], n, 0 < n == len(draft_tokens))
 
     def verify_probs(
         self,

@@ -1,0 +1,97 @@
+"""RejectionSampler on synthetic tensors: accepted / recovered / bonus semantics and exactness."""
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from speclm.sample.rejection import RejectionSampler
+from speclm.sample.sampler import processed_probs
+from speclm.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def logits_preferring(tokens: list[int], vocab: int = 8) -> torch.Tensor:
+    """Rows of logits whose argmax is the given token."""
+    x = torch.zeros(len(tokens), vocab)
+    x[torch.arange(len(tokens)), torch.tensor(tokens)] = 5.0
+    return x
+
+
+def test_greedy_perfect_match_accepts_all_and_adds_bonus():
+    result = RejectionSampler().verify(logits_preferring([3, 1, 4, 6]), [3, 1, 4], None, GREEDY)
+    assert result.tokens == [3, 1, 4, 6]
+    assert result.num_accepted == 3 and result.bonus
+
+
+def test_greedy_early_mismatch_keeps_prefix_and_recovers_target_choice():
+    result = RejectionSampler().verify(logits_preferring([3, 2, 4, 6]), [3, 1, 4], None, GREEDY)
+    assert result.tokens == [3, 2]
+    assert result.num_accepted == 1 and not result.bonus
+
+
+def test_greedy_first_token_rejected():
+    result = RejectionSampler().verify(logits_preferring([5, 1]), [3], None, GREEDY)
+    assert result.tokens == [5] and result.num_accepted == 0
+
+
+def test_no_drafts_is_plain_decoding():
+    result = RejectionSampler().verify(logits_preferring([7]), [], None, GREEDY)
+    assert result.tokens == [7] and result.num_accepted == 0 and not result.bonus
+
+
+def test_sampled_identical_distributions_always_accept():
+    p = torch.softmax(torch.randn(4, 8, generator=torch.Generator().manual_seed(0)), -1)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(200):
+        result = RejectionSampler().verify_probs(p, [0, 1, 2], p[:3].clone(), g)
+        assert result.num_accepted == 3 and result.bonus and len(result.tokens) == 4
+
+
+def test_draft_zero_probability_where_target_positive_goes_to_residual():
+    # Target is 50/50 over tokens 0 and 1; the draft always says 0 (q(1) = 0).
+    p = torch.tensor([[0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]])
+    q = torch.tensor([[1.0, 0.0, 0.0]])
+    g = torch.Generator().manual_seed(0)
+    outcomes = {"accepted": 0, "recovered_1": 0}
+    n = 4000
+    for _ in range(n):
+        result = RejectionSampler().verify_probs(p, [0], q, g)
+        if result.num_accepted == 1:
+            outcomes["accepted"] += 1
+        else:
+            assert result.tokens == [1], "the residual max(0, p - q) puts all mass on token 1"
+            outcomes["recovered_1"] += 1
+    assert abs(outcomes["accepted"] / n - 0.5) < 0.04
+
+
+def test_one_hot_drafts_equal_explicit_one_hot_probabilities():
+    p = torch.softmax(torch.randn(2, 6, generator=torch.Generator().manual_seed(3)), -1)
+    one_hot = torch.nn.functional.one_hot(torch.tensor([2]), 6).float()
+    a = [RejectionSampler().verify_probs(p, [2], None, torch.Generator().manual_seed(s)).tokens for s in range(300)]
+    b = [RejectionSampler().verify_probs(p, [2], one_hot, torch.Generator().manual_seed(s)).tokens for s in range(300)]
+    assert a == b
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_first_output_token_is_distributed_as_target(k):
+    """Exactness of one verification step, by enumeration: the first committed token (accepted draft
+    or recovered) must follow p[0] exactly, whatever the draft distribution q is."""
+    vocab, n = 5, 20000
+    gen = torch.Generator().manual_seed(k)
+    p = torch.softmax(torch.randn(k + 1, vocab, generator=gen) * 1.5, -1)
+    q = torch.softmax(torch.randn(k, vocab, generator=gen) * 1.5, -1)
+    counts = torch.zeros(vocab)
+    sampler = RejectionSampler()
+    for _ in range(n):
+        drafts = torch.multinomial(q, 1, generator=gen).squeeze(-1).tolist()
+        counts[sampler.verify_probs(p, drafts, q, gen).tokens[0]] += 1
+    assert chisquare(counts.numpy(), (p[0] * n).numpy()).pvalue > 1e-3
+
+
+def test_verify_uses_processed_distribution_with_top_k():
+    # With top_k=1 sampling collapses to greedy: the bonus token must be the argmax.
+    params = SamplingParams(temperature=1.0, top_k=1)
+    logits = logits_preferring([3, 1])
+    q = processed_probs(logits[:1], params)
+    result = RejectionSampler().verify(logits, [3], q, params, torch.Generator().manual_seed(0))
+    assert result.tokens == [3, 1]

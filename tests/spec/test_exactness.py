@@ -1,0 +1,105 @@
+"""Speculative sampling is exact: with a draft that disagrees with the target, the first two generated
+tokens follow the target's own distribution (computed by enumeration), checked with a G-test. The same
+test must reject a deliberately broken verifier (negative control), or it would prove nothing."""
+import numpy as np
+import pytest
+import torch
+from scipy.stats import power_divergence
+
+from speclm import SamplingParams
+from speclm.engine.model_runner import ModelRunner
+from speclm.sample.rejection import RejectionSampler
+from speclm.sample.sampler import processed_probs
+
+NUM_SAMPLES = 3000
+ALPHA = 1e-3  # strict level: an exact sampler fails this with probability 0.001
+
+
+def exact_two_token_distribution(llm, prompt_ids: list[int], params: SamplingParams) -> np.ndarray:
+    """P(t1, t2) = p(t1 | prompt) * p(t2 | prompt, t1) under the processed distribution, [vocab, vocab]."""
+    runner = ModelRunner(llm.model)
+    n = len(prompt_ids)
+    cache = runner.new_cache(n + 1)
+    logits, _ = runner.forward(cache, prompt_ids, 0)
+    p1 = processed_probs(logits[-1:], params)[0]  # [vocab]
+    joint = torch.zeros(p1.shape[0], p1.shape[0], dtype=torch.float64)
+    for t1 in torch.nonzero(p1).flatten().tolist():
+        step_logits, _ = runner.forward(cache, [t1], n)
+        joint[t1] = p1[t1].double() * processed_probs(step_logits, params)[0].double()
+    return joint.numpy()
+
+
+def sample_two_tokens(llm, prompt_ids: list[int], params: SamplingParams, num_samples: int) -> np.ndarray:
+    counts = np.zeros((llm.model.config.vocab_size,) * 2)
+    for seed in range(num_samples):
+        run = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                             seed=seed, max_tokens=2, ignore_eos=True)
+        t1, t2 = llm.generate(prompt_ids, run)[0].token_ids
+        counts[t1, t2] += 1
+    return counts
+
+
+def g_test_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
+    """G-test of observed cell counts against expected probabilities; cells expected < 5 are pooled."""
+    expected = probs * counts.sum()
+    big = expected >= 5
+    observed = np.append(counts[big], counts[~big].sum())
+    expected = np.append(expected[big], expected[~big].sum())
+    if expected[-1] == 0:
+        observed, expected = observed[:-1], expected[:-1]
+    assert counts[probs == 0].sum() == 0, "sampled a token pair the target gives probability zero"
+    return power_divergence(observed, expected, lambda_="log-likelihood").pvalue
+
+
+class ResidualSkippingVerifier(RejectionSampler):
+    """A classic bug: after a rejection, resample from the target p instead of normalize(max(0, p - q))."""
+
+    @staticmethod
+    def residual(p, draft_probs, draft_tokens, i):
+        return p
+
+
+CASES = {
+    "perturbed-draft-t1": ("draft", SamplingParams(temperature=1.0), 2),
+    "layerskip-topk-topp": ("layerskip:1", SamplingParams(temperature=0.8, top_k=20, top_p=0.9), 3),
+    "ngram-one-hot-drafts": ("ngram", SamplingParams(temperature=1.0), 2),
+}
+PROMPTS = {
+    "perturbed-draft-t1": "Once upon a time",
+    "layerskip-topk-topp": "Tom and Lily",
+    "ngram-one-hot-drafts": "Tom had a red ball. Tom had a red ball. Tom had a",
+}
+
+
+def spec_llm(stories_llm, perturbed_stories_dir, method: str, k: int):
+    spec = f"draft:{perturbed_stories_dir}" if method == "draft" else method
+    return stories_llm.with_spec(spec, num_speculative_tokens=k, adaptive=False)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_speculative_sampling_matches_target_distribution(stories_llm, perturbed_stories_dir, case):
+    method, params, k = CASES[case]
+    prompt_ids = stories_llm.tokenizer.encode(PROMPTS[case])
+    llm = spec_llm(stories_llm, perturbed_stories_dir, method, k)
+    counts = sample_two_tokens(llm, prompt_ids, params, NUM_SAMPLES)
+    exact = exact_two_token_distribution(stories_llm, prompt_ids, params)
+    pvalue = g_test_pvalue(counts, exact)
+    assert pvalue > ALPHA, f"{case}: speculative samples deviate from the target distribution (p={pvalue:.2e})"
+
+
+def test_plain_sampling_matches_target_distribution(stories_llm):
+    """The same check on plain decoding, so a failure above points at speculation, not the harness."""
+    params = SamplingParams(temperature=1.0)
+    prompt_ids = stories_llm.tokenizer.encode("Once upon a time")
+    counts = sample_two_tokens(stories_llm, prompt_ids, params, NUM_SAMPLES)
+    assert g_test_pvalue(counts, exact_two_token_distribution(stories_llm, prompt_ids, params)) > ALPHA
+
+
+def test_negative_control_rejects_broken_verifier(stories_llm, perturbed_stories_dir):
+    method, params, k = CASES["perturbed-draft-t1"]
+    prompt_ids = stories_llm.tokenizer.encode(PROMPTS["perturbed-draft-t1"])
+    llm = spec_llm(stories_llm, perturbed_stories_dir, method, k)
+    llm.engine.verifier = ResidualSkippingVerifier()
+    counts = sample_two_tokens(llm, prompt_ids, params, NUM_SAMPLES)
+    pvalue = g_test_pvalue(counts, exact_two_token_distribution(stories_llm, prompt_ids, params))
+    assert pvalue < ALPHA, f"the test failed to detect a verifier that skips the residual (p={pvalue:.2e})"

@@ -1,0 +1,78 @@
+"""Lossless greedy: for every proposer and K, speculative output == plain greedy output, token for token."""
+import pytest
+
+from speclm import SamplingParams
+
+STORY_PROMPTS = ["", "Once upon a time", "Tom and Lily went to the park. Tom", "The cat sat on the mat. The cat",
+                 "One day, a little bird"]
+
+
+@pytest.fixture(scope="module")
+def stories_reference(stories_llm):
+    params = SamplingParams(max_tokens=64)
+    return {p: stories_llm.generate(p, params)[0].token_ids for p in STORY_PROMPTS}
+
+
+@pytest.mark.parametrize("method", ["ngram", "layerskip:1", "layerskip:3", "draft"])
+@pytest.mark.parametrize("k", range(1, 9))
+def test_stories_speculative_greedy_equals_plain_greedy(stories_llm, stories_reference, perturbed_stories_dir, method, k):
+    spec = f"draft:{perturbed_stories_dir}" if method == "draft" else method
+    llm = stories_llm.with_spec(spec, num_speculative_tokens=k, adaptive=False)
+    total_drafted = 0
+    for prompt, expected in stories_reference.items():
+        out = llm.generate(prompt, SamplingParams(max_tokens=64))[0]
+        assert out.token_ids == expected, (method, k, prompt)
+        total_drafted += out.stats.drafted_tokens
+    if method != "ngram":
+        assert total_drafted > 0  # speculation really ran
+
+
+def test_stories_adaptive_speculation_is_still_exact(stories_llm, stories_reference, perturbed_stories_dir):
+    for spec in ["ngram", "layerskip:2", f"draft:{perturbed_stories_dir}"]:
+        llm = stories_llm.with_spec(spec, num_speculative_tokens=8, adaptive=True)
+        for prompt, expected in stories_reference.items():
+            assert llm.generate(prompt, SamplingParams(max_tokens=64))[0].token_ids == expected
+
+
+def default_model_prompts(specbench_prompts, tokenizer, count=20, max_prompt_tokens=200):
+    """The first `count` specbench first turns (spread over categories) that are short enough to keep CI fast."""
+    by_category: dict[str, list] = {}
+    for row in specbench_prompts:
+        ids = tokenizer.encode_chat([{"role": "user", "content": row["turns"][0]}])
+        if len(ids) <= max_prompt_tokens:
+            by_category.setdefault(row["category"], []).append(ids)
+    chosen, i = [], 0
+    while len(chosen) < count:
+        for rows in by_category.values():
+            if i < len(rows) and len(chosen) < count:
+                chosen.append(rows[i])
+        i += 1
+    return chosen
+
+
+DEFAULT_PARAMS = SamplingParams(max_tokens=64, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def default_prompts(default_llm, specbench_prompts):
+    return default_model_prompts(specbench_prompts, default_llm.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def default_reference(default_llm, default_prompts):
+    return [default_llm.generate(ids, DEFAULT_PARAMS)[0].token_ids for ids in default_prompts]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ngram", "layerskip:8"])
+def test_default_model_speculative_greedy_equals_plain_greedy(default_llm, default_prompts, default_reference, method):
+    """20 specbench prompts x 64 tokens; prompt i uses K = 1 + i % 8, so K = 1..8 are all covered."""
+    prompts, reference, params = default_prompts, default_reference, DEFAULT_PARAMS
+    drafted = 0
+    for i, ids in enumerate(prompts):
+        llm = default_llm.with_spec(method, num_speculative_tokens=1 + i % 8, adaptive=False)
+        out = llm.generate(ids, params)[0]
+        assert out.token_ids == reference[i], (method, i)
+        drafted += out.stats.drafted_tokens
+    assert drafted > 0
+
