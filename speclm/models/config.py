@@ -24,6 +24,7 @@ class ModelConfig:
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # qwen2 has biases on q/k/v
+    attention_output_bias: bool = False  # llama's attention_bias=True also puts one on o_proj
     bos_token_id: int | None = 1
     eos_token_ids: list[int] = field(default_factory=lambda: [2])
 
@@ -99,6 +100,7 @@ class ModelConfig:
             max_position_embeddings=d.get("max_position_embeddings", 2048),
             tie_word_embeddings=d.get("tie_word_embeddings", False),
             attention_bias=arch == "qwen2" or d.get("attention_bias", False),
+            attention_output_bias=arch != "qwen2" and bool(d.get("attention_bias", False)),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=list(eos) if isinstance(eos, list) else ([eos] if eos is not None else []),
         )

@@ -142,7 +142,7 @@ class Attention(nn.Module):
         kv_size = config.num_kv_heads * config.head_dim
         self.split_sizes = [q_size, kv_size, kv_size]
         self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.attention_output_bias)
 
     def forward(
         self,
