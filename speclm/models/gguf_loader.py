@@ -69,6 +69,16 @@ def rope_rows_to_half_split(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     )
 
 
+def half_split_to_rope_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Inverse of rope_rows_to_half_split: HF's half-split Q/K rows to llama.cpp's interleaved layout."""
+    out_features = w.shape[0]
+    return (
+        w.reshape(num_heads, 2, out_features // num_heads // 2, *w.shape[1:])
+        .transpose(1, 2)
+        .reshape(w.shape)
+    )
+
+
 def dequantize_tensor(t) -> torch.Tensor:
     """A GGUF tensor as fp32 in PyTorch's [out, in] orientation."""
     import gguf
@@ -135,15 +145,22 @@ def load_gguf(path: str) -> Checkpoint:
     quant_types: dict[str, str] = {}
     try:
         for t in reader.tensors:
+            if t.name == "rope_freqs.weight" and config.rope_scaling is None:
+                # llama.cpp stores llama3-style rope scaling as per-frequency divisors in this tensor.
+                config.rope_scaling = {"rope_type": "freq_factors", "factors": dequantize_tensor(t).flatten().tolist()}
+                continue
             name = hf_name(t.name)
             if name is None:
-                continue  # e.g. rope_freqs: recomputed from the config
+                # Dropping a tensor we do not understand (an extra bias, say) would change the output.
+                raise ModelLoadError(f"{path}: tensor {t.name!r} is not part of a model speclm can run")
             w = dequantize_tensor(t)
             if config.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = config.num_heads if "q_proj" in name else config.num_kv_heads
                 w = rope_rows_to_half_split(w, heads)
             tensors[name] = w
             quant_types[name] = t.tensor_type.name
+    except ModelLoadError:
+        raise
     except (ValueError, IndexError) as e:
         raise ModelLoadError(f"{path}: corrupt tensor data: {e}") from e
     return Checkpoint(config, tensors, source=path, metadata={"format": "gguf", "gguf_tensor_types": quant_types})
