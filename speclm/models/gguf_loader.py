@@ -1,6 +1,8 @@
 """Read GGUF files (llama.cpp's format) with the `gguf` package into a Checkpoint."""
 from __future__ import annotations
 
+import functools
+import os
 import re
 
 import numpy as np
@@ -33,7 +35,20 @@ _GLOBAL_NAMES = {
 
 
 def open_gguf(path: str):
-    """A GGUFReader, with format errors turned into a ModelLoadError naming the file."""
+    """A GGUFReader, with format errors turned into a ModelLoadError naming the file.
+
+    Parsing the metadata (a 49k-token vocabulary takes seconds) happens once per file version: the
+    model loader and the tokenizer loader both open the same file.
+    """
+    try:
+        stat = os.stat(path)
+    except OSError as e:
+        raise ModelLoadError(f"{path}: cannot open GGUF file: {e}") from e
+    return _cached_reader(os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_reader(path: str, mtime_ns: int, size: int):
     import gguf
 
     try:
