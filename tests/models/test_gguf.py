@@ -10,7 +10,9 @@ import torch
 
 from speclm.models.checkpoint import ModelLoadError
 from speclm.models.gguf_export import export_gguf, gguf_name
-from speclm.models.gguf_loader import dequantize_tensor, half_split_to_rope_rows, load_gguf, rope_rows_to_half_split
+from speclm.models.gguf_loader import (
+    dequantize_tensor, field_value, half_split_to_rope_rows, load_gguf, open_gguf, rope_rows_to_half_split,
+)
 from speclm.models.loader import default_model_path, load_checkpoint
 from speclm.sampling_params import SamplingParams
 from tests.models.gguf_reference import dequantize_rows
@@ -159,6 +161,31 @@ def test_export_rejects_bad_tensor_type(tmp_path):
         gguf_name("vision.tower.weight")
 
 
+def test_export_with_tokenizer_round_trips(default_llm, tmp_path):
+    """A GGUF written with the default model's tokenizer loads back (ours and transformers') with the
+    same ids, pre-tokenizer, special tokens and chat template; and LLM() runs the file end to end."""
+    from speclm import LLM
+    from speclm.tokenizer import load_tokenizer
+    from tests.test_tokenizer import TEXTS, WITH_SYSTEM
+
+    source = default_llm.tokenizer
+    original = tiny_hf_model(transformers.LlamaConfig, vocab_size=source.vocab_size, hidden_size=32,
+                             intermediate_size=64, num_hidden_layers=1, tie_word_embeddings=True,
+                             bos_token_id=1, eos_token_id=2)
+    original.save_pretrained(tmp_path)
+    path = str(tmp_path / "with-tokenizer.gguf")
+    export_gguf(load_checkpoint(str(tmp_path)), source, path, "F16")
+    assert field_value(open_gguf(path), "tokenizer.ggml.pre") == "smollm"
+    ours = load_tokenizer(path)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="with-tokenizer.gguf")
+    for text in TEXTS:
+        assert ours.encode(text) == source.encode(text) == theirs.encode(text, add_special_tokens=False)
+    assert ours.apply_chat_template(WITH_SYSTEM) == source.apply_chat_template(WITH_SYSTEM)
+    assert (ours.bos_token_id, ours.eos_token_ids, ours.add_bos) == (1, [2], False)
+    out = LLM(path).generate("Hello", SamplingParams(max_tokens=5, ignore_eos=True))[0]
+    assert len(out.token_ids) == 5
+
+
 # -- the default model: SmolLM2-135M-Instruct Q4_1 vs transformers ------------------------------
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,"]
@@ -174,11 +201,11 @@ def hf_default():
 
 
 def test_default_model_tensor_types():
-    reader = gguf.GGUFReader(default_model_path())
+    reader = open_gguf(default_model_path())  # the loader's cached reader
     kinds = {t.tensor_type.name for t in reader.tensors}
     assert kinds == {"F32", "Q4_1", "Q8_0"}
     for kind in ("Q4_1", "Q8_0"):  # the real file's blocks decode like the reference decoder
-        t = next(t for t in reader.tensors if t.tensor_type.name == kind)
+        t = min((t for t in reader.tensors if t.tensor_type.name == kind), key=lambda t: int(t.n_elements))
         cols = int(t.shape[0])
         expected = dequantize_rows(np.asarray(t.data).reshape(-1, np.asarray(t.data).shape[-1]), kind, cols)
         np.testing.assert_allclose(dequantize_tensor(t).numpy().reshape(-1, cols), expected, rtol=1e-6, atol=1e-7)
