@@ -85,6 +85,14 @@ class ModelConfig:
             rope_theta = rope_theta or rope_parameters.get("rope_theta")
             if rope_parameters.get("rope_type", "default") != "default":
                 rope_scaling = rope_scaling or rope_parameters
+        max_positions = d.get("max_position_embeddings", 2048)
+        window = d.get("sliding_window")
+        if arch == "qwen2" and not d.get("use_sliding_window", False):
+            window = None  # qwen2 configs carry a window they do not use
+        if window and window < max_positions:
+            # We attend to the whole context; past the window that would differ from the model, so
+            # the usable context is the window.
+            max_positions = window
         return cls(
             architecture=arch,
             vocab_size=d["vocab_size"],
@@ -97,7 +105,7 @@ class ModelConfig:
             rms_norm_eps=d.get("rms_norm_eps", 1e-6),
             rope_theta=rope_theta or 10000.0,
             rope_scaling=rope_scaling,
-            max_position_embeddings=d.get("max_position_embeddings", 2048),
+            max_position_embeddings=max_positions,
             tie_word_embeddings=d.get("tie_word_embeddings", False),
             attention_bias=arch == "qwen2" or d.get("attention_bias", False),
             attention_output_bias=arch != "qwen2" and bool(d.get("attention_bias", False)),

@@ -22,6 +22,8 @@ CASES = {
     "llama-llama3-rope": ("LlamaConfig", {"rope_scaling": LLAMA3_ROPE, "rope_theta": 500000.0}),
     "llama-linear-rope": ("LlamaConfig", {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}),
     "llama-head-dim-32": ("LlamaConfig", {"head_dim": 32}),
+    "qwen2-yarn-rope": ("Qwen2Config", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                          "original_max_position_embeddings": 64}}),
     "qwen2-bias-tied": ("Qwen2Config", {"tie_word_embeddings": True}),
     "qwen2-bias-untied-mqa": ("Qwen2Config", {"num_key_value_heads": 1, "rope_theta": 1000000.0}),
     "mistral-gqa": ("MistralConfig", {}),
@@ -99,3 +101,14 @@ def test_unsupported_tensors_are_refused_not_dropped(tmp_path):
     hf_model.save_pretrained(tmp_path)
     with pytest.raises(ModelLoadError, match=r"mlp\.down_proj\.bias"):
         load_ours(str(tmp_path))
+
+
+def test_sliding_window_limits_the_context(tmp_path):
+    """We do full attention, so a Mistral window shorter than the context becomes the usable context
+    (prompts beyond it are refused) instead of silently attending past the window."""
+    hf_model = tiny_hf_model(transformers.MistralConfig, sliding_window=16)
+    hf_model.save_pretrained(tmp_path)
+    assert load_checkpoint(str(tmp_path)).config.max_position_embeddings == 16
+    unused = tiny_hf_model(transformers.Qwen2Config, sliding_window=16, use_sliding_window=False)
+    unused.save_pretrained(tmp_path / "qwen2")
+    assert load_checkpoint(str(tmp_path / "qwen2")).config.max_position_embeddings == 256
