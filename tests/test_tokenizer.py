@@ -193,3 +193,20 @@ def test_hf_dir_tokenizer_matches_transformers(hf_tokenizer_dir):
     assert ours.encode_chat(WITH_SYSTEM)[-1] == ours.token_to_id("<|assistant|>")
     # --tokenizer may name the tokenizer.json file itself
     assert load_tokenizer("unused-model-path", os.path.join(hf_tokenizer_dir, "tokenizer.json")).encode("hi") == ours.encode("hi")
+
+
+# -- incremental detokenization (streaming) -----------------------------------------------------
+
+@pytest.mark.parametrize("text", ["naïve café 😀 日本語 done.", "a\n\n  b\tc 12345", "Zebra? ünïcode"])
+def test_incremental_detokenizer_equals_full_decode(text, smollm_tokenizers, tok512):
+    """Feeding tokens one at a time yields text deltas that concatenate to the full decode, and never
+    a partial multi-byte character (emoji and CJK span several byte-level tokens)."""
+    from speclm.tokenizer import IncrementalDetokenizer
+
+    for tokenizer in (smollm_tokenizers[0], tok512[0]):
+        prompt = tokenizer.encode("Start:")
+        ids = tokenizer.encode(text, add_bos=False)
+        detok = IncrementalDetokenizer(tokenizer, prompt)
+        deltas = [detok.add([i]) for i in ids]
+        assert all("\ufffd" not in d for d in deltas)
+        assert "".join(deltas) == tokenizer.decode(prompt + ids)[len(tokenizer.decode(prompt)):]
