@@ -210,3 +210,49 @@ def test_incremental_detokenizer_equals_full_decode(text, smollm_tokenizers, tok
         deltas = [detok.add([i]) for i in ids]
         assert all("\ufffd" not in d for d in deltas)
         assert "".join(deltas) == tokenizer.decode(prompt + ids)[len(tokenizer.decode(prompt)):]
+
+
+# -- a SentencePiece ("llama") GGUF tokenizer ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sentencepiece_gguf(tmp_path_factory):
+    """tok512's vocabulary written as a GGUF `llama` tokenizer (pieces with U+2581, byte tokens typed 6)."""
+    import gguf
+
+    pieces, scores = llama2c_vocab(STORIES_TOKENIZER)
+    tokens = ["<unk>", "<s>", "</s>"] + [p.decode().replace(" ", "\u2581") for p in pieces[3:]]
+    directory = tmp_path_factory.mktemp("sp")
+    writer = gguf.GGUFWriter(str(directory / "sp.gguf"), "llama")
+    for add, value in ((writer.add_context_length, 512), (writer.add_embedding_length, 64), (writer.add_block_count, 1),
+                       (writer.add_feed_forward_length, 128), (writer.add_head_count, 4), (writer.add_head_count_kv, 4)):
+        add(value)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types([2, 3, 3] + [6 if t.startswith("<0x") else 1 for t in tokens[3:]])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(directory), "sp.gguf"
+
+
+def test_sentencepiece_gguf_tokenizer(sentencepiece_gguf, tok512):
+    directory, name = sentencepiece_gguf
+    ours = load_tokenizer(os.path.join(directory, name))
+    theirs = transformers.AutoTokenizer.from_pretrained(directory, gguf_file=name)
+    llama2c, (pieces, scores) = tok512
+    for text in STORIES + TEXTS:
+        ids = ours.encode(text)
+        assert ids == llama2c_encode(text, pieces, scores) == llama2c.encode(text)
+        assert ours.decode(ids) == text
+        if text.startswith(" "):
+            # SentencePiece, llama.cpp and llama2.c always add the dummy-prefix space; transformers'
+            # Metaspace pre-tokenizer skips it when the text already starts with a space.
+            assert theirs.encode(text) == ids[:1] + ids[2:] and ids[1] == ours.token_to_id("\u2581")
+        else:
+            assert theirs.encode(text) == ids
