@@ -112,3 +112,16 @@ def test_sliding_window_limits_the_context(tmp_path):
     unused = tiny_hf_model(transformers.Qwen2Config, sliding_window=16, use_sliding_window=False)
     unused.save_pretrained(tmp_path / "qwen2")
     assert load_checkpoint(str(tmp_path / "qwen2")).config.max_position_embeddings == 256
+
+
+def test_bf16_and_sharded_checkpoints(tmp_path):
+    """bf16 safetensors are upcast exactly, and a checkpoint split over several shards loads whole."""
+    hf_model = tiny_hf_model(transformers.Qwen2Config).to(torch.bfloat16)
+    hf_model.save_pretrained(tmp_path, max_shard_size="100KB")
+    shards = [f for f in os.listdir(tmp_path) if f.endswith(".safetensors")]
+    assert len(shards) > 1
+    checkpoint = load_checkpoint(str(tmp_path))
+    assert all(t.dtype == torch.float32 for t in checkpoint.tensors.values())
+    # transformers' own fp32 load of the bf16 files (hf_model.float() would keep a bf16-rounded rope table)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    _check_against_hf(reference, str(tmp_path))
