@@ -58,7 +58,7 @@ def export_gguf(checkpoint: Checkpoint, tokenizer, path: str, tensor_type: str =
     writer.add_vocab_size(config.vocab_size)
     writer.add_file_type({"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
                           "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[tensor_type])
-    _add_rope_scaling(writer, checkpoint, arch)
+    _add_rope_scaling(writer, checkpoint)
     if config.bos_token_id is not None:
         writer.add_bos_token_id(config.bos_token_id)
     if config.eos_token_ids:
@@ -93,7 +93,7 @@ def _add_tensor(writer, gguf, name: str, array: np.ndarray, tensor_type: str) ->
         writer.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
 
 
-def _add_rope_scaling(writer, checkpoint: Checkpoint, arch: str) -> None:
+def _add_rope_scaling(writer, checkpoint: Checkpoint) -> None:
     """linear/yarn go in metadata; llama3 becomes llama.cpp's rope_freqs tensor of frequency divisors."""
     import gguf
 
@@ -107,10 +107,10 @@ def _add_rope_scaling(writer, checkpoint: Checkpoint, arch: str) -> None:
         if "original_max_position_embeddings" in scaling:
             writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
         return
-    if kind == "llama3":
+    if kind in ("llama3", "freq_factors"):
         from speclm.models.layers import rope_inverse_frequencies, unscaled_inverse_frequencies
 
-        scaled, _ = rope_inverse_frequencies(checkpoint.config)
+        scaled, _ = rope_inverse_frequencies(checkpoint.config)  # [head_dim/2]
         factors = unscaled_inverse_frequencies(checkpoint.config) / scaled.double()  # [head_dim/2]
         writer.add_tensor("rope_freqs.weight", factors.float().numpy())
         return
@@ -156,4 +156,3 @@ def _pre_tokenizer_name(pre: dict | None) -> str:
         if json.dumps(regex)[1:-1] in text:
             return name
     return "gpt2"
-

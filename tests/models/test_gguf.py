@@ -145,7 +145,11 @@ def test_exported_llama3_rope_scaling_round_trips(tmp_path):
     original.save_pretrained(tmp_path)
     path = str(tmp_path / "llama3.gguf")
     export_gguf(load_checkpoint(str(tmp_path)), None, path, "F32")
-    assert load_gguf(path).config.rope_scaling["rope_type"] == "freq_factors"
+    reloaded = load_gguf(path)
+    assert reloaded.config.rope_scaling["rope_type"] == "freq_factors"
+    again = str(tmp_path / "again.gguf")  # a GGUF-loaded checkpoint exports its rope_freqs unchanged
+    export_gguf(reloaded, None, again, "F32")
+    assert load_gguf(again).config.rope_scaling["factors"] == pytest.approx(reloaded.config.rope_scaling["factors"])
     ids = list(range(3, 80))
     ours = torch.cat(our_logits_through_cache(load_ours(path), ids, []))
     assert (ours - hf_logits(original, ids)).abs().max() <= 1e-4
