@@ -69,3 +69,13 @@ def test_stream_chunks_concatenate_to_the_output(stories_llm):
     assert "".join(c.text for c in chunks) == output.text
     assert [t for c in chunks for t in c.token_ids] == output.token_ids
     assert output.token_ids == stories_llm.generate("Lily", params)[0].token_ids
+
+
+def test_generation_stops_at_the_context_limit(stories_llm):
+    """stories260K's context is 512 tokens: a 505-token prompt leaves room for exactly 7, with or
+    without speculation (whose drafts must be clipped to the context)."""
+    ids = stories_llm.tokenizer.encode("the cat sat on the mat. " * 70)[:505]
+    plain = stories_llm.generate([ids], SamplingParams(max_tokens=100))[0]
+    assert len(plain.token_ids) == 7 and plain.finish_reason == "length"
+    spec = stories_llm.with_spec("ngram").generate([ids], SamplingParams(max_tokens=100))[0]
+    assert spec.token_ids == plain.token_ids and spec.finish_reason == "length"
