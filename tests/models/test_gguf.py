@@ -224,8 +224,8 @@ def test_default_model_logits_match_transformers(default_llm, hf_default):
         theirs = hf_logits(hf_default, ids)
         worst = max(worst, (ours - theirs).abs().max().item())
         assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
-    # Observed ~4e-5 on logits of magnitude ~30 (fp32 summation order only).
-    assert worst <= 1e-3, worst
+    # Observed 4e-5 .. 6e-5 on logits of magnitude ~30 (fp32 summation order only).
+    assert worst <= 5e-4, worst
 
 
 def test_default_model_32_greedy_tokens_match_transformers(default_llm, hf_default):
