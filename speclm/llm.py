@@ -40,7 +40,9 @@ class LLM:
         adaptive: bool = True,
         threads: int | None = None,
     ) -> None:
-        if threads:
+        if threads is not None:
+            if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+                raise ValueError(f"threads must be a positive integer, got {threads!r}")
             torch.set_num_threads(threads)
         checkpoint = load_checkpoint(model)
         self.model_path = checkpoint.source

@@ -34,7 +34,10 @@ def build_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, devi
         model = LlamaModel(config)
     model = model.to_empty(device=device)
 
+    used: set[str] = set()
+
     def take(name: str) -> torch.Tensor:
+        used.add(name)
         if name not in t:
             raise ModelLoadError(f"{checkpoint.source}: missing tensor {name!r}")
         return t[name]
@@ -56,10 +59,20 @@ def build_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, devi
         if config.attention_bias:
             state[attn + "qkv_proj.bias"] = torch.cat([take(p + f"self_attn.{x}_proj.bias") for x in "qkv"], dim=0)
         state[attn + "o_proj.weight"] = take(p + "self_attn.o_proj.weight")
+        if config.attention_output_bias:
+            state[attn + "o_proj.bias"] = take(p + "self_attn.o_proj.bias")
         state[mlp + "gate_up_proj.weight"] = torch.cat(
             [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")], dim=0
         )
         state[mlp + "down_proj.weight"] = take(p + "mlp.down_proj.weight")
+    ignorable = ("lm_head.weight",) if config.tie_word_embeddings else ()
+    unused = sorted(k for k in t if k not in used and k not in ignorable and not k.endswith("rotary_emb.inv_freq"))
+    if unused:
+        # A dropped tensor (an unsupported bias, say) would silently change the model's output.
+        raise ModelLoadError(
+            f"{checkpoint.source}: tensors speclm's {config.architecture} model does not use: "
+            f"{', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''} (unsupported model feature)"
+        )
     expected = {k: v.shape for k, v in model.state_dict().items() if k not in ("lm_head.weight",) or not config.tie_word_embeddings}
     for name, tensor in state.items():
         if tuple(tensor.shape) != tuple(expected[name]):

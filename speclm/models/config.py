@@ -24,6 +24,7 @@ class ModelConfig:
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # qwen2 has biases on q/k/v
+    attention_output_bias: bool = False  # llama's attention_bias=True also puts one on o_proj
     bos_token_id: int | None = 1
     eos_token_ids: list[int] = field(default_factory=lambda: [2])
 
@@ -84,6 +85,14 @@ class ModelConfig:
             rope_theta = rope_theta or rope_parameters.get("rope_theta")
             if rope_parameters.get("rope_type", "default") != "default":
                 rope_scaling = rope_scaling or rope_parameters
+        max_positions = d.get("max_position_embeddings", 2048)
+        window = d.get("sliding_window")
+        if arch == "qwen2" and not d.get("use_sliding_window", False):
+            window = None  # qwen2 configs carry a window they do not use
+        if window and window < max_positions:
+            # We attend to the whole context; past the window that would differ from the model, so
+            # the usable context is the window.
+            max_positions = window
         return cls(
             architecture=arch,
             vocab_size=d["vocab_size"],
@@ -96,9 +105,10 @@ class ModelConfig:
             rms_norm_eps=d.get("rms_norm_eps", 1e-6),
             rope_theta=rope_theta or 10000.0,
             rope_scaling=rope_scaling,
-            max_position_embeddings=d.get("max_position_embeddings", 2048),
+            max_position_embeddings=max_positions,
             tie_word_embeddings=d.get("tie_word_embeddings", False),
             attention_bias=arch == "qwen2" or d.get("attention_bias", False),
+            attention_output_bias=arch != "qwen2" and bool(d.get("attention_bias", False)),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=list(eos) if isinstance(eos, list) else ([eos] if eos is not None else []),
         )

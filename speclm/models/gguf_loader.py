@@ -1,6 +1,8 @@
 """Read GGUF files (llama.cpp's format) with the `gguf` package into a Checkpoint."""
 from __future__ import annotations
 
+import functools
+import os
 import re
 
 import numpy as np
@@ -33,7 +35,20 @@ _GLOBAL_NAMES = {
 
 
 def open_gguf(path: str):
-    """A GGUFReader, with format errors turned into a ModelLoadError naming the file."""
+    """A GGUFReader, with format errors turned into a ModelLoadError naming the file.
+
+    Parsing the metadata (a 49k-token vocabulary takes seconds) happens once per file version: the
+    model loader and the tokenizer loader both open the same file.
+    """
+    try:
+        stat = os.stat(path)
+    except OSError as e:
+        raise ModelLoadError(f"{path}: cannot open GGUF file: {e}") from e
+    return _cached_reader(os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_reader(path: str, mtime_ns: int, size: int):
     import gguf
 
     try:
@@ -64,6 +79,16 @@ def rope_rows_to_half_split(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     out_features = w.shape[0]
     return (
         w.reshape(num_heads, out_features // num_heads // 2, 2, *w.shape[1:])
+        .transpose(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def half_split_to_rope_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Inverse of rope_rows_to_half_split: HF's half-split Q/K rows to llama.cpp's interleaved layout."""
+    out_features = w.shape[0]
+    return (
+        w.reshape(num_heads, 2, out_features // num_heads // 2, *w.shape[1:])
         .transpose(1, 2)
         .reshape(w.shape)
     )
@@ -135,15 +160,22 @@ def load_gguf(path: str) -> Checkpoint:
     quant_types: dict[str, str] = {}
     try:
         for t in reader.tensors:
+            if t.name == "rope_freqs.weight" and config.rope_scaling is None:
+                # llama.cpp stores llama3-style rope scaling as per-frequency divisors in this tensor.
+                config.rope_scaling = {"rope_type": "freq_factors", "factors": dequantize_tensor(t).flatten().tolist()}
+                continue
             name = hf_name(t.name)
             if name is None:
-                continue  # e.g. rope_freqs: recomputed from the config
+                # Dropping a tensor we do not understand (an extra bias, say) would change the output.
+                raise ModelLoadError(f"{path}: tensor {t.name!r} is not part of a model speclm can run")
             w = dequantize_tensor(t)
             if config.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = config.num_heads if "q_proj" in name else config.num_kv_heads
                 w = rope_rows_to_half_split(w, heads)
             tensors[name] = w
             quant_types[name] = t.tensor_type.name
+    except ModelLoadError:
+        raise
     except (ValueError, IndexError) as e:
         raise ModelLoadError(f"{path}: corrupt tensor data: {e}") from e
     return Checkpoint(config, tensors, source=path, metadata={"format": "gguf", "gguf_tensor_types": quant_types})

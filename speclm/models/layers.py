@@ -26,14 +26,25 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+def unscaled_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
+    """theta^(-2i/head_dim) for i < head_dim/2, float64, before any rope_scaling."""
+    dim = config.head_dim
+    return 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+
+
 def rope_inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [head_dim/2] and the attention scaling factor, honouring rope_scaling."""
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    inv_freq = unscaled_inverse_frequencies(config)
     scaling = config.rope_scaling or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind in ("default", None):
         return inv_freq.float(), 1.0
+    if kind == "freq_factors":  # llama.cpp's rope_freqs tensor: per-frequency divisors (llama3 GGUFs)
+        factors = torch.tensor(scaling["factors"], dtype=torch.float64)
+        if factors.shape != inv_freq.shape:
+            raise ValueError(f"rope freq_factors has {factors.numel()} values, expected {inv_freq.numel()}")
+        return (inv_freq / factors).float(), 1.0
     if kind == "linear":
         return (inv_freq / scaling["factor"]).float(), 1.0
     if kind == "llama3":
@@ -64,7 +75,7 @@ def rope_inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
         inv = (inv_freq / factor) * (1 - extrapolation_weight) + inv_freq * extrapolation_weight
         attention_factor = scaling.get("attention_factor") or (0.1 * math.log(factor) + 1.0)
         return inv.float(), attention_factor
-    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3, yarn)")
+    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3, yarn, freq_factors)")
 
 
 class RotaryEmbedding(nn.Module):
@@ -142,7 +153,7 @@ class Attention(nn.Module):
         kv_size = config.num_kv_heads * config.head_dim
         self.split_sizes = [q_size, kv_size, kv_size]
         self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.attention_output_bias)
 
     def forward(
         self,

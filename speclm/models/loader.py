@@ -32,6 +32,8 @@ def detect_format(path: str) -> str:
         magic = f.read(4)
     if magic == b"GGUF":
         return "gguf"
+    if path.endswith(".gguf"):
+        raise ModelLoadError(f"{path}: not a GGUF file (it does not start with the GGUF magic; empty or corrupt?)")
     if path.endswith(".bin"):
         return "llama2c"
     raise ModelLoadError(f"{path}: unrecognised model file (expected .gguf, a llama2.c .bin, or a HF directory)")

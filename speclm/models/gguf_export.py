@@ -1,0 +1,158 @@
+"""Write a Checkpoint (and optionally its tokenizer) as a GGUF file the way llama.cpp's converter does."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from speclm.models.checkpoint import Checkpoint
+from speclm.models.gguf_loader import _GLOBAL_NAMES, _LAYER_NAMES, half_split_to_rope_rows
+
+EXPORT_TENSOR_TYPES = ("F32", "F16", "Q8_0")
+
+# HF tensor name suffix -> GGUF name suffix (the loader's tables, inverted).
+_TO_GGUF_LAYER = {hf: gg for gg, hf in _LAYER_NAMES.items()}
+_TO_GGUF_GLOBAL = {hf: gg for gg, hf in _GLOBAL_NAMES.items()}
+
+
+def gguf_name(hf_name: str) -> str:
+    """The llama.cpp name of a Hugging Face tensor name (model.layers.3.mlp.up_proj.weight -> blk.3.ffn_up.weight)."""
+    if hf_name in _TO_GGUF_GLOBAL:
+        return _TO_GGUF_GLOBAL[hf_name]
+    parts = hf_name.split(".", 3)
+    if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[3] in _TO_GGUF_LAYER:
+        return f"blk.{parts[2]}.{_TO_GGUF_LAYER[parts[3]]}"
+    raise ValueError(f"tensor {hf_name!r} has no GGUF name (not part of a llama-family model)")
+
+
+def export_gguf(checkpoint: Checkpoint, tokenizer, path: str, tensor_type: str = "F32") -> None:
+    """Write `checkpoint` to `path` as GGUF (architecture llama or qwen2; mistral is written as llama).
+
+    tokenizer: a speclm Tokenizer with a byte-level BPE backend, or None to write weights only.
+    tensor_type: "F32", "F16" or "Q8_0" for the 2-D weight matrices; norms and biases stay F32 as
+    in llama.cpp. Q8_0 needs rows that are a multiple of 32 long. Llama Q/K rows are permuted to
+    llama.cpp's interleaved RoPE layout; qwen2's are written as they are (llama.cpp uses NEOX rope there).
+    """
+    import gguf
+
+    if tensor_type not in EXPORT_TENSOR_TYPES:
+        raise ValueError(f"unsupported GGUF export tensor type {tensor_type!r} (supported: {', '.join(EXPORT_TENSOR_TYPES)})")
+    config = checkpoint.config
+    if config.attention_output_bias:
+        raise ValueError("GGUF export of attention output biases is not supported")
+    arch = "qwen2" if config.architecture == "qwen2" else "llama"
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_name(str(checkpoint.metadata.get("name", "speclm export")))
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_heads)
+    writer.add_head_count_kv(config.num_kv_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(config.rope_theta)
+    writer.add_rope_dimension_count(config.head_dim)
+    if config.head_dim * config.num_heads != config.hidden_size:
+        writer.add_key_length(config.head_dim)
+        writer.add_value_length(config.head_dim)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_file_type({"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
+                          "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[tensor_type])
+    _add_rope_scaling(writer, checkpoint)
+    if config.bos_token_id is not None:
+        writer.add_bos_token_id(config.bos_token_id)
+    if config.eos_token_ids:
+        writer.add_eos_token_id(config.eos_token_ids[0])
+    if tokenizer is not None:
+        _add_tokenizer(writer, tokenizer)
+
+    for name, tensor in checkpoint.tensors.items():
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue  # llama.cpp omits output.weight when it is the embedding
+        w = tensor.detach().float()
+        if arch == "llama" and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+            w = half_split_to_rope_rows(w, config.num_heads if "q_proj" in name else config.num_kv_heads)
+        _add_tensor(writer, gguf, gguf_name(name), w.numpy(), tensor_type)
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _add_tensor(writer, gguf, name: str, array: np.ndarray, tensor_type: str) -> None:
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    if array.ndim < 2 or tensor_type == "F32":
+        writer.add_tensor(name, array)
+    elif tensor_type == "F16":
+        writer.add_tensor(name, array.astype(np.float16))
+    else:
+        if array.shape[-1] % 32:
+            raise ValueError(f"tensor {name} rows have {array.shape[-1]} values; Q8_0 needs a multiple of 32")
+        kind = gguf.GGMLQuantizationType.Q8_0
+        writer.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
+
+
+def _add_rope_scaling(writer, checkpoint: Checkpoint) -> None:
+    """linear/yarn go in metadata; llama3 becomes llama.cpp's rope_freqs tensor of frequency divisors."""
+    import gguf
+
+    scaling = checkpoint.config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind in ("default", None):
+        return
+    if kind in ("linear", "yarn"):
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR if kind == "linear" else gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(float(scaling["factor"]))
+        if "original_max_position_embeddings" in scaling:
+            writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
+        return
+    if kind in ("llama3", "freq_factors"):
+        from speclm.models.layers import rope_inverse_frequencies, unscaled_inverse_frequencies
+
+        scaled, _ = rope_inverse_frequencies(checkpoint.config)  # [head_dim/2]
+        factors = unscaled_inverse_frequencies(checkpoint.config) / scaled.double()  # [head_dim/2]
+        writer.add_tensor("rope_freqs.weight", factors.float().numpy())
+        return
+    raise ValueError(f"GGUF export of rope_scaling type {kind!r} is not supported")
+
+
+def _add_tokenizer(writer, tokenizer) -> None:
+    """tokenizer.ggml.* metadata for a byte-level BPE ("gpt2") tokenizer."""
+    spec = json.loads(tokenizer.backend.to_str())
+    model = spec["model"]
+    if model.get("type") != "BPE" or model.get("byte_fallback"):
+        raise ValueError("GGUF tokenizer export supports byte-level BPE tokenizers only")
+    vocab: dict[str, int] = dict(model["vocab"])
+    special = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
+    added = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if not t.get("special")}
+    vocab.update(special)
+    vocab.update(added)
+    tokens = [""] * (max(vocab.values()) + 1)
+    for token, index in vocab.items():
+        tokens[index] = token
+    if "" in tokens:
+        raise ValueError("tokenizer ids are not contiguous; cannot write a GGUF vocabulary")
+    types = [3 if t in special else 4 if t in added else 1 for t in tokens]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(_pre_tokenizer_name(spec.get("pre_tokenizer")))
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_add_bos_token(tokenizer.add_bos)
+    if tokenizer.chat_template:
+        writer.add_chat_template(tokenizer.chat_template)
+
+
+def _pre_tokenizer_name(pre: dict | None) -> str:
+    """llama.cpp's tokenizer.ggml.pre name for the pre-tokenizers speclm builds from GGUF files."""
+    from speclm.tokenizer import _SPLIT_BY_PRE
+
+    text = json.dumps(pre or {})
+    if '"Digits"' in text and '"individual_digits": true' in text:
+        return "smollm"
+    for name, regex in _SPLIT_BY_PRE.items():
+        if json.dumps(regex)[1:-1] in text:
+            return name
+    return "gpt2"

@@ -1,0 +1,81 @@
+"""The Python API's sampling behaviour on stories260K: seeds, top_k=1, stop strings, EOS, max_tokens."""
+from __future__ import annotations
+
+import copy
+
+from speclm import SamplingParams
+from tests.conftest import STORIES_GOLDEN
+
+GOLDEN_IDS = [403, 407, 261, 378, 432, 383]
+
+
+def test_same_seed_same_tokens_different_seeds_differ(stories_llm):
+    runs = {seed: [stories_llm.generate("Once", SamplingParams(temperature=1.0, seed=seed, max_tokens=30))[0].token_ids
+                   for _ in range(2)] for seed in (1, 2, 3)}
+    for a, b in runs.values():
+        assert a == b
+    assert len({tuple(a) for a, _ in runs.values()}) == 3
+
+
+def test_top_k_1_equals_greedy(stories_llm):
+    greedy = stories_llm.generate("The cat", SamplingParams(temperature=0.0, max_tokens=40))[0]
+    top1 = stories_llm.generate("The cat", SamplingParams(temperature=1.5, top_k=1, seed=7, max_tokens=40))[0]
+    assert top1.token_ids == greedy.token_ids and top1.text == greedy.text
+
+
+def test_stop_string_cuts_text_and_stops(stories_llm):
+    out = stories_llm.generate("", SamplingParams(max_tokens=60, stop=[" little"]))[0]
+    assert out.text == "Once upon a time, there was a"
+    assert out.finish_reason == "stop"
+    assert len(out.token_ids) < 60
+
+
+def test_max_tokens_is_respected(stories_llm):
+    for n in (1, 7):
+        out = stories_llm.generate("", SamplingParams(max_tokens=n))[0]
+        assert out.token_ids == [403, 407, 261, 378, 432, 383, 286][:n]
+        assert out.finish_reason == "length" and out.stats.completion_tokens == n
+
+
+def _with_eos(llm, eos_id: int):
+    """The same model with `eos_id` as its end-of-sequence token (stories260K rarely emits its real EOS)."""
+    other = llm.with_spec(None)
+    other.engine.tokenizer = copy.copy(llm.tokenizer)
+    other.engine.tokenizer.eos_token_ids = [eos_id]
+    return other
+
+
+def test_eos_stops_generation(stories_llm):
+    llm = _with_eos(stories_llm, GOLDEN_IDS[4])
+    out = llm.generate("", SamplingParams(max_tokens=40))[0]
+    assert out.token_ids == GOLDEN_IDS[:5]  # the EOS token is reported ...
+    assert out.text == stories_llm.tokenizer.decode(GOLDEN_IDS[:4])  # ... but not in the text
+    assert out.finish_reason == "stop"
+    ignoring = llm.generate("", SamplingParams(max_tokens=40, ignore_eos=True))[0]
+    assert ignoring.finish_reason == "length" and len(ignoring.token_ids) == 40
+    assert ignoring.text.startswith(STORIES_GOLDEN[:40])
+
+
+def test_eos_stops_speculative_generation_too(stories_llm):
+    llm = _with_eos(stories_llm.with_spec("ngram"), GOLDEN_IDS[4])
+    out = llm.generate("", SamplingParams(max_tokens=40))[0]
+    assert out.token_ids == GOLDEN_IDS[:5] and out.finish_reason == "stop"
+
+
+def test_stream_chunks_concatenate_to_the_output(stories_llm):
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=50, stop=["park"])
+    chunks = list(stories_llm.stream("Lily", params))
+    output = chunks[-1].output
+    assert "".join(c.text for c in chunks) == output.text
+    assert [t for c in chunks for t in c.token_ids] == output.token_ids
+    assert output.token_ids == stories_llm.generate("Lily", params)[0].token_ids
+
+
+def test_generation_stops_at_the_context_limit(stories_llm):
+    """stories260K's context is 512 tokens: a 505-token prompt leaves room for exactly 7, with or
+    without speculation (whose drafts must be clipped to the context)."""
+    ids = stories_llm.tokenizer.encode("the cat sat on the mat. " * 70)[:505]
+    plain = stories_llm.generate([ids], SamplingParams(max_tokens=100))[0]
+    assert len(plain.token_ids) == 7 and plain.finish_reason == "length"
+    spec = stories_llm.with_spec("ngram").generate([ids], SamplingParams(max_tokens=100))[0]
+    assert spec.token_ids == plain.token_ids and spec.finish_reason == "length"
