@@ -1,0 +1,63 @@
+"""`speclm bench serve`: serving throughput and latency per concurrency level (see speclm/bench/serve_bench.py)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shlex
+import sys
+
+from speclm.cli.common import load_llm
+
+NOTE = ("The machine's 2 cores were shared with other agents' jobs during the run, so absolute numbers are "
+        "noisy; ratios between levels of the same run are the meaningful part.")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from speclm.bench.machine import machine_info
+    from speclm.bench.prompts import load_prompts
+    from speclm.bench.report import output_paths, write_json
+    from speclm.bench.serve_bench import markdown, run_level, serve_in_thread
+    from speclm.cli.serve import build_app, cache_config
+
+    try:
+        levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    except ValueError as e:
+        raise ValueError(f"--concurrency must be comma-separated integers, got {args.concurrency!r}") from e
+    if not levels or min(levels) < 1:
+        raise ValueError(f"--concurrency needs levels >= 1, got {args.concurrency!r}")
+    if args.requests < 0 or args.max_tokens < 1:
+        raise ValueError(f"--requests must be >= 0 and --max-tokens >= 1, got {args.requests}, {args.max_tokens}")
+    config = cache_config(args)
+    if max(levels) > config.max_num_seqs:
+        print(f"note: concurrency above --max-num-seqs {config.max_num_seqs} queues requests", file=sys.stderr)
+    categories = args.categories.split(",") if args.categories else None
+    texts = [p["text"] for p in load_prompts(args.prompts, args.per_category or None, categories)]
+    args.spec = None
+    llm = load_llm(args)
+    prompts = [llm.tokenizer.encode(t) if args.no_chat else llm.tokenizer.encode_chat([{"role": "user", "content": t}])
+               for t in texts]
+    room = llm.model.config.max_position_embeddings - args.max_tokens
+    if room < 1:
+        raise ValueError(f"--max-tokens {args.max_tokens} leaves no room for a prompt in the model's context")
+    prompts = [p[-room:] for p in prompts]  # keep the end of over-long prompts (tiny-context models)
+    results = {"no speculation": []}
+    with serve_in_thread(build_app(llm, config, model_name="bench")) as url:
+        asyncio.run(run_level(url, prompts, 1, 1, 4))  # warm-up
+        for c in levels:
+            r = asyncio.run(run_level(url, prompts, c, args.requests or max(4, 2 * c), args.max_tokens))
+            print(f"concurrency {c}: {r['tokens_per_s']:.1f} tokens/s, TTFT p50 {r['ttft_p50']:.3f} s, "
+                  f"ITL p50 {1000 * r['itl_p50']:.1f} ms", file=sys.stderr)
+            results["no speculation"].append(r)
+    machine = machine_info()
+    command = "speclm bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "speclm bench serve"
+    title = f"speclm bench serve: {os.path.basename(llm.model_path)}, greedy, {args.max_tokens} tokens per request"
+    paths = output_paths(args.out, args.name or "serve")
+    write_json(paths["json"], {"command": command, "machine": machine, "note": NOTE, "cache": vars(config),
+                               "max_tokens": args.max_tokens, "prompts": len(prompts), "results": results})
+    table = markdown(results, title, command, machine, NOTE)
+    with open(paths["md"], "w") as f:
+        f.write(table)
+    print(table)
+    print(f"wrote {paths['json']}, {paths['md']}", file=sys.stderr)
+    return 0
