@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 
-from speclm.cli.common import add_model_args, load_llm
+from speclm.cli.common import add_model_args, add_spec_args, load_llm
 
 
 def add_cache_args(p: argparse.ArgumentParser) -> None:
@@ -45,6 +45,9 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ endpoints")
     p.add_argument("--served-model-name", default=None, help="model id clients use (default: the model file's name)")
+    add_spec_args(p)
+    p.add_argument("--spec-max-batch", type=int, default=8,
+                   help="propose drafts only in steps with at most this many running sequences (default 8)")
     add_cache_args(p)
     p.set_defaults(run=run)
 
@@ -53,14 +56,16 @@ def served_model_name(model_path: str) -> str:
     return os.path.splitext(os.path.basename(os.path.normpath(model_path)))[0]
 
 
-def build_app(llm, config, api_key: str | None = None, model_name: str | None = None):
-    """The FastAPI app serving `llm` with a batched engine; the engine thread runs with the app."""
+def build_app(llm, config, api_key: str | None = None, model_name: str | None = None, spec_max_batch: int = 8):
+    """The FastAPI app serving `llm` (and its speculative config) with a batched engine; the engine
+    thread runs with the app."""
     from speclm.engine.async_engine import AsyncEngine
     from speclm.engine.batch_engine import BatchEngine
     from speclm.engine.model_runner import ModelRunner
     from speclm.server.app import create_app
 
-    engine = AsyncEngine(BatchEngine(ModelRunner(llm.model), llm.tokenizer, config))
+    engine = AsyncEngine(BatchEngine(ModelRunner(llm.model), llm.tokenizer, config, llm.spec, llm.new_proposer,
+                                     spec_max_batch))
     return create_app(engine, llm.tokenizer, model_name or served_model_name(llm.model_path), api_key)
 
 
@@ -71,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     config = cache_config(args)  # validate before the slow model load
     llm = load_llm(args)
-    app = build_app(llm, config, args.api_key, args.served_model_name)
+    app = build_app(llm, config, args.api_key, args.served_model_name, args.spec_max_batch)
     print(f"speclm serve: {app.state.engine.engine.block_manager.num_blocks} KV blocks of {config.block_size} tokens; "
           f"listening on http://{args.host}:{args.port}", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -26,6 +26,7 @@ class Sequence:
     max_total_tokens: int  # prompt + generated tokens this sequence may reach
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0
+    draft_tokens: list[int] = field(default_factory=list)  # speculative tokens to verify after the last one
     num_preemptions: int = 0
     finished: bool = False
 
@@ -44,16 +45,18 @@ class Sequence:
 
 @dataclass
 class ScheduledChunk:
-    """Run tokens seq.token_ids[start : start + num_tokens]; `start` equals seq.num_computed."""
+    """Run tokens (seq.token_ids + draft tokens)[start : start + num_tokens]; `start` equals
+    seq.num_computed; the last `num_drafts` of them are speculative."""
 
     seq: Sequence
     start: int
     num_tokens: int
+    num_drafts: int = 0
 
     @property
     def completes(self) -> bool:
         """True when this chunk reaches the sequence's last token, so its logits pick the next token."""
-        return self.start + self.num_tokens == self.seq.num_tokens
+        return self.start + self.num_tokens == self.seq.num_tokens + self.num_drafts
 
 
 @dataclass
@@ -116,7 +119,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_uncomputed, budget)
+            # Drafts only ride along with the sequence's last token, and only as far as the budget allows.
+            del seq.draft_tokens[max(0, budget - seq.num_uncomputed):]
+            n = min(seq.num_uncomputed + len(seq.draft_tokens), budget)
             copies = self.blocks.ensure_slots(seq.seq_id, seq.num_computed, seq.num_computed + n)
             if copies is None:
                 # Out of blocks: recompute the newest running sequence later (maybe this one).
@@ -126,7 +131,7 @@ class Scheduler:
                     break
                 continue
             out.copies += copies
-            out.chunks.append(ScheduledChunk(seq, seq.num_computed, n))
+            out.chunks.append(ScheduledChunk(seq, seq.num_computed, n, len(seq.draft_tokens)))
             budget -= n
             i += 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
@@ -150,6 +155,7 @@ class Scheduler:
         self.running.remove(seq)
         self.blocks.free(seq.seq_id)
         seq.num_computed = 0
+        seq.draft_tokens = []
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)

@@ -29,11 +29,20 @@ class ServerMetrics:
         self.prefix_hits = Gauge("speclm_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache", registry=r)
         self.prefix_hit_rate = Gauge("speclm_prefix_cache_hit_rate", "prefix_cache_hit_tokens / queried_tokens", registry=r)
         self.preemptions = Gauge("speclm_num_preemptions", "Sequences preempted for recompute so far", registry=r)
+        self.drafted = Counter("speclm_spec_drafted_tokens", "Speculative tokens verified, by draft position",
+                               ["position"], registry=r)
+        self.accepted = Counter("speclm_spec_accepted_tokens", "Speculative tokens accepted, by draft position",
+                                ["position"], registry=r)
         self.steps = Counter("speclm_engine_steps", "Batched engine steps", registry=r)
 
     def on_step(self, engine: BatchEngine, outputs: list[SequenceOutput], seconds: float) -> None:
         self.steps.inc()
         self.generation_tokens.inc(sum(len(o.token_ids) for o in outputs))
+        for o in outputs:
+            for i in range(o.num_drafted):
+                self.drafted.labels(str(i)).inc()
+                if i < o.num_accepted:
+                    self.accepted.labels(str(i)).inc()
         self.update_engine(engine)
 
     def on_token_times(self, ttft: list[float], itl: list[float]) -> None:

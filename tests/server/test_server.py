@@ -166,3 +166,17 @@ def test_api_key_required_when_set(stories_llm):
         good = openai.OpenAI(base_url=f"{url}/v1", api_key="sekret", timeout=10, max_retries=0)
         assert good.completions.create(model="test-model", prompt="a", max_tokens=2).usage.completion_tokens == 2
         assert httpx.get(f"{url}/health").status_code == 200  # health and metrics need no key
+
+
+def test_speculative_server_is_lossless_and_reports_acceptance(stories_llm):
+    llm = stories_llm.with_spec("ngram", 4)
+    jobs = [(PROMPTS[i % len(PROMPTS)], 40 + 10 * i) for i in range(4)]
+    with running_server(llm) as (url, app):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", timeout=30, max_retries=0)
+        for prompt, max_tokens in jobs:
+            r = client.completions.create(model="test-model", prompt=prompt, max_tokens=max_tokens, temperature=0)
+            assert r.choices[0].text == offline(stories_llm, prompt, max_tokens).text
+        drafted = metric(url, 'speclm_spec_drafted_tokens_total{position="0"}')
+        accepted = metric(url, 'speclm_spec_accepted_tokens_total{position="0"}')
+        assert drafted > 0 and 0 < accepted <= drafted
+        assert metric(url, 'speclm_spec_drafted_tokens_total{position="1"}') <= drafted
