@@ -41,14 +41,19 @@ def run_serve(args: argparse.Namespace) -> int:
     if room < 1:
         raise ValueError(f"--max-tokens {args.max_tokens} leaves no room for a prompt in the model's context")
     prompts = [p[-room:] for p in prompts]  # keep the end of over-long prompts (tiny-context models)
-    results = {"no speculation": []}
-    with serve_in_thread(build_app(llm, config, model_name="bench")) as url:
-        asyncio.run(run_level(url, prompts, 1, 1, 4))  # warm-up
-        for c in levels:
-            r = asyncio.run(run_level(url, prompts, c, args.requests or max(4, 2 * c), args.max_tokens))
-            print(f"concurrency {c}: {r['tokens_per_s']:.1f} tokens/s, TTFT p50 {r['ttft_p50']:.3f} s, "
-                  f"ITL p50 {1000 * r['itl_p50']:.1f} ms", file=sys.stderr)
-            results["no speculation"].append(r)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] or ["ar"]
+    results = {}
+    for method in methods:
+        served = llm if method == "ar" else llm.with_spec(method, args.k, not args.no_adaptive)
+        label = "no speculation" if method == "ar" else f"{method} (K={args.k}{'' if args.no_adaptive else ', adaptive'})"
+        results[label] = []
+        with serve_in_thread(build_app(served, config, model_name="bench")) as url:
+            asyncio.run(run_level(url, prompts, 1, 1, 4))  # warm-up
+            for c in levels:
+                r = asyncio.run(run_level(url, prompts, c, args.requests or max(4, 2 * c), args.max_tokens))
+                print(f"{label}, concurrency {c}: {r['tokens_per_s']:.1f} tokens/s, TTFT p50 {r['ttft_p50']:.3f} s, "
+                      f"ITL p50 {1000 * r['itl_p50']:.1f} ms", file=sys.stderr)
+                results[label].append(r)
     machine = machine_info()
     command = "speclm bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "speclm bench serve"
     title = f"speclm bench serve: {os.path.basename(llm.model_path)}, greedy, {args.max_tokens} tokens per request"
