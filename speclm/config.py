@@ -50,8 +50,11 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 256
+    kv_cache_dtype: str = "auto"  # "auto" = the model's dtype; "int8" = int8 with a scale per head and token
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in ("auto", "int8"):
+            raise ValueError(f"kv_cache_dtype must be 'auto' or 'int8', got {self.kv_cache_dtype!r}")
         if not 1 <= self.block_size <= 1024:
             raise ValueError(f"block_size must be in 1..1024, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:

@@ -22,8 +22,9 @@ def register(sub) -> None:
         "`speclm bench serve`: start the HTTP server in-process and measure throughput and TTFT / inter-token "
         "latency p50/p99 at each --concurrency level (JSON + markdown, default name serve).",
     )
-    p.add_argument("mode", nargs="?", choices=["spec", "serve"], default="spec",
-                   help="spec (default): decoding methods; serve: the batched HTTP server")
+    p.add_argument("mode", nargs="?", choices=["spec", "serve", "kv"], default="spec",
+                   help="spec (default): decoding methods; serve: the batched HTTP server; "
+                   "kv: int8 vs full-precision KV cache (memory, greedy agreement, speed)")
     add_model_args(p)
     p.add_argument("--prompts", default=DEFAULT_PROMPTS, help=f"Spec-Bench style JSONL (default {DEFAULT_PROMPTS})")
     p.add_argument("--methods", default="ar,ngram",
@@ -53,6 +54,10 @@ def run(args: argparse.Namespace) -> int:
         from speclm.cli.bench_serve import run_serve
 
         return run_serve(args)
+    if args.mode == "kv":
+        from speclm.cli.bench_serve import run_kv
+
+        return run_kv(args)
     args.name = args.name or "spec_bench"
     from speclm.bench.machine import machine_info
     from speclm.bench.prompts import load_prompts

@@ -66,3 +66,66 @@ def run_serve(args: argparse.Namespace) -> int:
     print(table)
     print(f"wrote {paths['json']}, {paths['md']}", file=sys.stderr)
     return 0
+
+
+def run_kv(args: argparse.Namespace) -> int:
+    """`speclm bench kv`: the same prompts through the batched engine with a full-precision and an int8
+    KV cache; memory per token, greedy agreement with the full-precision output, and tokens/s."""
+    import dataclasses
+    import time
+
+    from speclm.bench.machine import machine_info
+    from speclm.bench.prompts import load_prompts
+    from speclm.bench.report import output_paths, write_json
+    from speclm.cli.serve import cache_config
+    from speclm.engine.batch_engine import BatchEngine
+    from speclm.engine.model_runner import ModelRunner
+    from speclm.engine.request import Request
+    from speclm.sampling_params import SamplingParams
+
+    config = cache_config(args)
+    categories = args.categories.split(",") if args.categories else None
+    texts = [p["text"] for p in load_prompts(args.prompts, args.per_category or None, categories)]
+    args.spec = None
+    llm = load_llm(args)
+    prompts = [llm.tokenizer.encode(t) if args.no_chat else llm.tokenizer.encode_chat([{"role": "user", "content": t}])
+               for t in texts]
+    room = llm.model.config.max_position_embeddings - args.max_tokens
+    prompts = [p[-room:] for p in prompts]
+    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+    runner = ModelRunner(llm.model)
+    rows, outputs = {}, {}
+    for dtype in ("auto", "int8"):
+        engine = BatchEngine(runner, llm.tokenizer, dataclasses.replace(config, kv_cache_dtype=dtype))
+        t0 = time.perf_counter()
+        outs = engine.generate([Request(str(i), p, params) for i, p in enumerate(prompts)])
+        seconds = time.perf_counter() - t0
+        outputs[dtype] = [o[0].token_ids for o in outs]
+        rows[dtype] = {"kv_bytes_per_token": runner.kv_bytes_per_token(dtype == "int8"),
+                       "cache_mb": engine.cache.nbytes / 2**20, "num_blocks": engine.block_manager.num_blocks,
+                       "tokens_per_s": len(prompts) * args.max_tokens / seconds}
+    for dtype, row in rows.items():
+        agree = [next((i for i, (a, b) in enumerate(zip(ref, out)) if a != b), len(ref))
+                 for ref, out in zip(outputs["auto"], outputs[dtype])]
+        row["identical_outputs"] = sum(a == args.max_tokens for a in agree) / len(agree)
+        row["mean_agreeing_prefix"] = sum(agree) / len(agree)
+    machine = machine_info()
+    command = "speclm bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "speclm bench kv"
+    lines = [f"# speclm bench kv: {os.path.basename(llm.model_path)}, {len(prompts)} prompts, greedy, "
+             f"{args.max_tokens} tokens each", "", f"Command: `{command}`", "",
+             f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
+             f"({machine.get('torch_threads')} threads). {NOTE}", "",
+             "Agreement: greedy tokens generated before the first difference from the full-precision cache's output.", "",
+             "| KV cache | bytes/token | pool MB | identical outputs | mean agreeing prefix (tokens) | tokens/s |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for dtype, r in rows.items():
+        lines.append(f"| {dtype} | {r['kv_bytes_per_token']} | {r['cache_mb']:.1f} | {100 * r['identical_outputs']:.0f}% | "
+                     f"{r['mean_agreeing_prefix']:.1f} / {args.max_tokens} | {r['tokens_per_s']:.1f} |")
+    table = "\n".join(lines) + "\n"
+    paths = output_paths(args.out, args.name or "kv_int8")
+    write_json(paths["json"], {"command": command, "machine": machine, "note": NOTE, "cache": vars(config),
+                               "max_tokens": args.max_tokens, "results": rows})
+    with open(paths["md"], "w") as f:
+        f.write(table)
+    print(table)
+    return 0

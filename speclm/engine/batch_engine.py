@@ -86,12 +86,11 @@ class BatchEngine:
         self.runner = runner
         self.tokenizer = tokenizer
         self.config = config or CacheConfig()
-        c = runner.config
-        bytes_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * runner.model.embed_tokens.weight.element_size()
-        num_blocks = self.config.resolve_num_blocks(bytes_per_token, runner.context_length)
+        quantize = self.config.kv_cache_dtype == "int8"
+        num_blocks = self.config.resolve_num_blocks(runner.kv_bytes_per_token(quantize), runner.context_length)
         self.block_manager = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens)
-        self.cache = runner.new_paged_cache(num_blocks, self.config.block_size)
+        self.cache = runner.new_paged_cache(num_blocks, self.config.block_size, quantize)
         self.max_total_tokens = min(runner.context_length, num_blocks * self.config.block_size)
         self._states: dict[str, _SequenceState] = {}
         self._by_request: dict[str, list[_SequenceState]] = {}

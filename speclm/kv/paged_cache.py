@@ -12,11 +12,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from speclm.kv.quantized import Int8Slots
 from speclm.models.layers import AttentionMetadata
 
 
 class PagedKVCache:
-    """Keys and values for all sequences: per layer [kv_heads, num_blocks * block_size, head_dim]."""
+    """Keys and values for all sequences: per layer [kv_heads, num_blocks * block_size, head_dim].
+
+    With quantize=True they are stored as int8 with a per-(head, slot) scale (about 3.8x smaller
+    than fp32 at head_dim 64) and dequantized to `dtype` when attention gathers them.
+    """
 
     def __init__(
         self,
@@ -27,26 +32,38 @@ class PagedKVCache:
         block_size: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        quantize: bool = False,
     ) -> None:
         shape = (num_layers, num_kv_heads, num_blocks * block_size, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        store = torch.int8 if quantize else dtype
+        self.keys = torch.zeros(shape, dtype=store, device=device)
+        self.values = torch.zeros(shape, dtype=store, device=device)
+        scale_shape = shape[:-1] + (1,)
+        self.key_scales = torch.zeros(scale_shape, device=device) if quantize else None
+        self.value_scales = torch.zeros(scale_shape, device=device) if quantize else None
+        self.dtype, self.quantize = dtype, quantize
         self.num_blocks = num_blocks
         self.block_size = block_size
 
     @property
     def nbytes(self) -> int:
-        return self.keys.nbytes + self.values.nbytes
+        scales = self.key_scales.nbytes + self.value_scales.nbytes if self.quantize else 0
+        return self.keys.nbytes + self.values.nbytes + scales
 
-    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def layer(self, index: int):
+        """(keys, values) of one layer: tensors, or Int8Slots that index like them."""
+        if self.quantize:
+            return (Int8Slots(self.keys[index], self.key_scales[index], self.dtype),
+                    Int8Slots(self.values[index], self.value_scales[index], self.dtype))
         return self.keys[index], self.values[index]
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy whole blocks src -> dst in every layer (copy-on-write of shared blocks)."""
         bs = self.block_size
+        tensors = [self.keys, self.values] + ([self.key_scales, self.value_scales] if self.quantize else [])
         for src, dst in copies:
-            self.keys[:, :, dst * bs : (dst + 1) * bs] = self.keys[:, :, src * bs : (src + 1) * bs]
-            self.values[:, :, dst * bs : (dst + 1) * bs] = self.values[:, :, src * bs : (src + 1) * bs]
+            for t in tensors:
+                t[:, :, dst * bs : (dst + 1) * bs] = t[:, :, src * bs : (src + 1) * bs]
 
 
 @dataclass
