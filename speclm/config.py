@@ -51,6 +51,8 @@ class CacheConfig:
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 256
     kv_cache_dtype: str = "auto"  # "auto" = the model's dtype; "int8" = int8 with a scale per head and token
+    streaming_window: int | None = None  # StreamingLLM: tokens of KV kept per sequence (sinks + recent)
+    attention_sinks: int = 4  # StreamingLLM: first tokens always kept (rounded up to whole blocks)
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in ("auto", "int8"):
@@ -61,6 +63,9 @@ class CacheConfig:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
         if not self.kv_cache_mb > 0:
             raise ValueError(f"kv_cache_mb must be > 0, got {self.kv_cache_mb}")
+        if self.streaming_window is not None and self.streaming_window <= self.attention_sinks:
+            raise ValueError(f"streaming_window ({self.streaming_window}) must exceed attention_sinks "
+                             f"({self.attention_sinks})")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, "
                              f"got {self.max_num_seqs}, {self.max_num_batched_tokens}")

@@ -84,6 +84,8 @@ def run_kv(args: argparse.Namespace) -> int:
     from speclm.sampling_params import SamplingParams
 
     config = cache_config(args)
+    window = config.streaming_window
+    config = dataclasses.replace(config, streaming_window=None)
     categories = args.categories.split(",") if args.categories else None
     texts = [p["text"] for p in load_prompts(args.prompts, args.per_category or None, categories)]
     args.spec = None
@@ -92,17 +94,25 @@ def run_kv(args: argparse.Namespace) -> int:
                for t in texts]
     room = llm.model.config.max_position_embeddings - args.max_tokens
     prompts = [p[-room:] for p in prompts]
+    variants = {"auto": config, "int8": dataclasses.replace(config, kv_cache_dtype="int8")}
+    if window is not None:
+        variants[f"streaming {window}"] = dataclasses.replace(config, streaming_window=window)
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     runner = ModelRunner(llm.model)
     rows, outputs = {}, {}
-    for dtype in ("auto", "int8"):
-        engine = BatchEngine(runner, llm.tokenizer, dataclasses.replace(config, kv_cache_dtype=dtype))
+    for dtype, variant in variants.items():
+        engine = BatchEngine(runner, llm.tokenizer, variant)
         t0 = time.perf_counter()
         outs = engine.generate([Request(str(i), p, params) for i, p in enumerate(prompts)])
         seconds = time.perf_counter() - t0
         outputs[dtype] = [o[0].token_ids for o in outs]
-        rows[dtype] = {"kv_bytes_per_token": runner.kv_bytes_per_token(dtype == "int8"),
-                       "cache_mb": engine.cache.nbytes / 2**20, "num_blocks": engine.block_manager.num_blocks,
+        per_token = runner.kv_bytes_per_token(dtype == "int8")
+        longest = max(len(p) for p in prompts) + args.max_tokens
+        kept = min(longest, -(-variant.streaming_window // variant.block_size) * variant.block_size
+                   if variant.streaming_window else longest)
+        rows[dtype] = {"kv_bytes_per_token": per_token, "cache_mb": engine.cache.nbytes / 2**20,
+                       "longest_sequence_kv_mb": kept * per_token / 2**20,
+                       "num_blocks": engine.block_manager.num_blocks,
                        "tokens_per_s": len(prompts) * args.max_tokens / seconds}
     for dtype, row in rows.items():
         agree = [next((i for i, (a, b) in enumerate(zip(ref, out)) if a != b), len(ref))
@@ -116,10 +126,12 @@ def run_kv(args: argparse.Namespace) -> int:
              f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
              f"({machine.get('torch_threads')} threads). {NOTE}", "",
              "Agreement: greedy tokens generated before the first difference from the full-precision cache's output.", "",
-             "| KV cache | bytes/token | pool MB | identical outputs | mean agreeing prefix (tokens) | tokens/s |",
-             "|---|---:|---:|---:|---:|---:|"]
+             "| KV cache | bytes/token | pool MB | KV MB of the longest sequence | identical outputs | "
+             "mean agreeing prefix (tokens) | tokens/s |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for dtype, r in rows.items():
-        lines.append(f"| {dtype} | {r['kv_bytes_per_token']} | {r['cache_mb']:.1f} | {100 * r['identical_outputs']:.0f}% | "
+        lines.append(f"| {dtype} | {r['kv_bytes_per_token']} | {r['cache_mb']:.1f} | {r['longest_sequence_kv_mb']:.2f} | "
+                     f"{100 * r['identical_outputs']:.0f}% | "
                      f"{r['mean_agreeing_prefix']:.1f} / {args.max_tokens} | {r['tokens_per_s']:.1f} |")
     table = "\n".join(lines) + "\n"
     paths = output_paths(args.out, args.name or "kv_int8")

@@ -24,6 +24,11 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
                    help=f"tokens per engine step; longer prompts are prefilled in chunks (default {d.max_num_batched_tokens})")
     g.add_argument("--kv-cache-dtype", choices=["auto", "int8"], default="auto",
                    help="auto: the model's dtype; int8: ~3.8x smaller cache, small quality cost (default auto)")
+    g.add_argument("--streaming-window", type=int, default=None, metavar="TOKENS",
+                   help="StreamingLLM: keep only this many tokens of KV per sequence (attention sinks + most recent), "
+                   "so generation can outgrow the cache (default off)")
+    g.add_argument("--attention-sinks", type=int, default=d.attention_sinks,
+                   help=f"StreamingLLM: first tokens always kept, rounded up to whole blocks (default {d.attention_sinks})")
     g.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV blocks of shared prompt prefixes")
 
 
@@ -32,7 +37,8 @@ def cache_config(args: argparse.Namespace):
 
     return CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks, kv_cache_mb=args.kv_cache_mb,
                        enable_prefix_caching=not args.no_prefix_caching, max_num_seqs=args.max_num_seqs,
-                       max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_dtype=args.kv_cache_dtype)
+                       max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_dtype=args.kv_cache_dtype,
+                       streaming_window=args.streaming_window, attention_sinks=args.attention_sinks)
 
 
 def register(sub) -> None:

@@ -88,10 +88,14 @@ class BatchEngine:
         self.config = config or CacheConfig()
         quantize = self.config.kv_cache_dtype == "int8"
         num_blocks = self.config.resolve_num_blocks(runner.kv_bytes_per_token(quantize), runner.context_length)
-        self.block_manager = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
+        bs, window = self.config.block_size, self.config.streaming_window
+        window_blocks = None if window is None else -(-window // bs)
+        self.block_manager = BlockManager(num_blocks, bs, self.config.enable_prefix_caching, window_blocks,
+                                          -(-self.config.attention_sinks // bs))
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens)
         self.cache = runner.new_paged_cache(num_blocks, self.config.block_size, quantize)
-        self.max_total_tokens = min(runner.context_length, num_blocks * self.config.block_size)
+        # A streaming window bounds each sequence's blocks, not its length (positions keep counting).
+        self.max_total_tokens = runner.context_length if window else min(runner.context_length, num_blocks * bs)
         self._states: dict[str, _SequenceState] = {}
         self._by_request: dict[str, list[_SequenceState]] = {}
         self.num_steps = 0

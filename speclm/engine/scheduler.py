@@ -91,7 +91,7 @@ class Scheduler:
         return self.blocks.num_blocks * self.blocks.block_size
 
     def add(self, seq: Sequence) -> None:
-        if seq.max_total_tokens > self.capacity_tokens:
+        if self.blocks.window_blocks is None and seq.max_total_tokens > self.capacity_tokens:
             raise ValueError(f"sequence needs up to {seq.max_total_tokens} tokens but the KV cache holds "
                              f"{self.capacity_tokens}")
         self.waiting.append(seq)

@@ -36,6 +36,9 @@ class PrefixCacheStats:
         return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
 
 
+EVICTED = -1  # block-table entry of a block dropped by the StreamingLLM window
+
+
 def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
     """Hash of a full block given the hash of the block before it (None for the first block)."""
     return hash((parent, tokens))
@@ -46,11 +49,20 @@ class BlockManager:
 
     Slot s of a sequence (its s-th token) lives in block `table[s // block_size]` at offset
     `s % block_size`; `slot_ids` turns that into flat cache slot numbers.
+
+    With `window_blocks` set (StreamingLLM), a sequence keeps at most that many blocks: its first
+    `sink_blocks` (attention sinks) and the most recent ones; older blocks are dropped from its
+    table (EVICTED) as it grows, so generation can run past the pool's per-sequence capacity.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 window_blocks: int | None = None, sink_blocks: int = 1) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        if window_blocks is not None and not sink_blocks < window_blocks <= num_blocks:
+            raise ValueError(f"the streaming window needs sink blocks ({sink_blocks}) < window blocks "
+                             f"({window_blocks}) <= pool blocks ({num_blocks})")
+        self.window_blocks, self.sink_blocks = window_blocks, sink_blocks
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -86,7 +98,7 @@ class BlockManager:
     def slot_ids(self, seq_id: str, start: int, end: int) -> list[int]:
         """Flat cache slots (block * block_size + offset) of the sequence's tokens start..end-1."""
         blocks, bs = self._seqs[seq_id].blocks, self.block_size
-        return [blocks[i // bs] * bs + i % bs for i in range(start, end)]
+        return [blocks[i // bs] * bs + i % bs for i in range(start, end) if blocks[i // bs] != EVICTED]
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -122,6 +134,8 @@ class BlockManager:
         seq = self._seqs[seq_id]
         bs = self.block_size
         new_blocks = max(0, self.blocks_needed(end) - len(seq.blocks))
+        if self.window_blocks is not None:
+            self._slide_window(seq, write_from, new_blocks)
         shared = [i for i in range(write_from // bs, min(len(seq.blocks), self.blocks_needed(end)))
                   if self.ref_counts[seq.blocks[i]] > 1]
         if new_blocks + len(shared) > self.num_free_blocks:
@@ -147,7 +161,7 @@ class BlockManager:
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
             h = chain_hash(seq.last_hash, tokens)
             block = seq.blocks[i]
-            if h not in self._hash_to_block and block not in self._block_key:
+            if block != EVICTED and h not in self._hash_to_block and block not in self._block_key:
                 self._hash_to_block[h] = block
                 self._block_key[block] = (seq.last_hash, tokens, h)
             seq.hashes.append(h)
@@ -157,7 +171,8 @@ class BlockManager:
         parent = self._seqs[parent_id]
         assert child_id not in self._seqs, child_id
         for block in parent.blocks:
-            self.ref_counts[block] += 1
+            if block != EVICTED:
+                self.ref_counts[block] += 1
         self._seqs[child_id] = _SequenceBlocks(list(parent.blocks), list(parent.hashes))
 
     def free(self, seq_id: str) -> None:
@@ -166,15 +181,32 @@ class BlockManager:
         if seq is None:
             return
         for block in reversed(seq.blocks):  # tail blocks first: they are evicted before the prefix
-            self.ref_counts[block] -= 1
-            assert self.ref_counts[block] >= 0, block
-            if self.ref_counts[block] == 0:
-                if block in self._block_key:
-                    self._evictable[block] = None
-                else:
-                    self._free.append(block)
+            if block != EVICTED:
+                assert self.ref_counts[block] > 0, block
+                self._release(block)
 
     # -- private ---------------------------------------------------------------------------
+    def _slide_window(self, seq: _SequenceBlocks, write_from: int, new_blocks: int) -> None:
+        """Drop the oldest non-sink blocks (never one being written) until the window has room."""
+        kept = [i for i, b in enumerate(seq.blocks) if b != EVICTED]
+        excess = len(kept) + new_blocks - self.window_blocks
+        for i in kept:
+            if excess <= 0 or i >= write_from // self.block_size:
+                break
+            if i < self.sink_blocks:
+                continue
+            self._release(seq.blocks[i])
+            seq.blocks[i] = EVICTED
+            excess -= 1
+
+    def _release(self, block: int) -> None:
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            if block in self._block_key:
+                self._evictable[block] = None
+            else:
+                self._free.append(block)
+
     def _take(self, block: int) -> None:
         if self.ref_counts[block] == 0:
             del self._evictable[block]

@@ -69,7 +69,8 @@ class PagedKVCache:
 @dataclass
 class BatchEntry:
     """One sequence's part of a batched step: new tokens at positions start.., the cache slots of
-    its tokens 0..start+len(tokens)-1, and how many trailing rows need logits."""
+    its tokens 0..start+len(tokens)-1 (minus any a StreamingLLM window dropped; the new tokens'
+    slots are the last ones), and how many trailing rows need logits."""
 
     tokens: list[int]
     start: int
@@ -86,7 +87,7 @@ class PagedAttentionMetadata:
 
     def __init__(self, entries: list[BatchEntry], device: torch.device | str = "cpu") -> None:
         self.slot_mapping = torch.tensor(
-            [s for e in entries for s in e.slots[e.start : e.start + len(e.tokens)]], dtype=torch.long, device=device
+            [s for e in entries for s in e.slots[len(e.slots) - len(e.tokens) :]], dtype=torch.long, device=device
         )  # [num_tokens]
         offsets, self.multi = 0, []  # (query offset, entry) of multi-token entries
         single_rows, single_slots = [], []
@@ -127,7 +128,7 @@ class PagedAttentionMetadata:
             out[:, self.single_rows] = single[:, :, 0].transpose(0, 1)
         for offset, e, slots in self.multi:
             n = len(e.tokens)
-            attn_mask, is_causal = AttentionMetadata(e.start, n).sdpa_mask()
+            attn_mask, is_causal = AttentionMetadata(len(e.slots) - n, n).sdpa_mask()  # causal over kept keys
             out[:, offset : offset + n] = F.scaled_dot_product_attention(
                 q[:, offset : offset + n].unsqueeze(0),
                 k_cache[:, slots].unsqueeze(0),

@@ -83,3 +83,19 @@ def test_copied_shared_full_block_leaves_cache_chain():
     assert [src for src, _ in copies] == [0, 1]
     bm.mark_computed("c", [1, 9, 9], 3)
     assert bm.allocate("q", [1, 9, 9]) == 2
+
+
+def test_streaming_window_keeps_sinks_and_recent_blocks():
+    from speclm.kv.block_manager import EVICTED
+
+    bm = BlockManager(num_blocks=4, block_size=2, enable_prefix_caching=False, window_blocks=3, sink_blocks=1)
+    bm.allocate("s", [1, 2, 3])
+    assert bm.ensure_slots("s", 0, 6) == []  # 3 blocks: exactly the window
+    assert bm.block_table("s") == [0, 1, 2]
+    assert bm.ensure_slots("s", 6, 7) == []  # a 4th block: the oldest non-sink block (1) is dropped first
+    assert bm.block_table("s") == [0, EVICTED, 2, 1] and bm.num_used_blocks == 3
+    assert bm.slot_ids("s", 0, 7) == [0, 1, 4, 5, 2]  # positions 2, 3 are gone
+    bm.ensure_slots("s", 8, 9)
+    assert bm.block_table("s") == [0, EVICTED, EVICTED, 1, 2]
+    bm.free("s")
+    assert bm.num_used_blocks == 0

@@ -37,3 +37,26 @@ def test_int8_cache_generation_tracks_full_precision(stories_llm):
     assert all(g[0] == e[0] for g, e in zip(got, expected))
     assert sum(g == e for g, e in zip(got, expected)) >= 3
     assert int8.block_manager.num_used_blocks == 0
+
+
+def test_streaming_window_generates_past_the_cache_with_bounded_blocks(stories_llm):
+    runner = ModelRunner(stories_llm.model)
+    prompt = stories_llm.encode("Once upon a time")
+    params = SamplingParams(max_tokens=300, ignore_eos=True)
+    full = BatchEngine(runner, stories_llm.tokenizer, CacheConfig(block_size=4)).generate(
+        [Request("f", prompt, params)])[0][0]
+    # 16 blocks of 4 tokens: 64 tokens of KV for a 305-token sequence
+    engine = BatchEngine(runner, stories_llm.tokenizer,
+                         CacheConfig(block_size=4, num_blocks=20, streaming_window=64, attention_sinks=4))
+    engine.add_request(Request("s", prompt, params))
+    tokens, peak = [], 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens += out.token_ids
+        peak = max(peak, engine.block_manager.num_used_blocks)
+    assert len(tokens) == 300 and peak == 16
+    # identical to the full cache until the window first slides, different (but still text) after
+    first_eviction = 64 - len(prompt)
+    assert tokens[:first_eviction] == full.token_ids[:first_eviction]
+    assert tokens != full.token_ids
+    assert engine.block_manager.num_used_blocks == 0
