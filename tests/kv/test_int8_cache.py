@@ -42,21 +42,21 @@ def test_int8_cache_generation_tracks_full_precision(stories_llm):
 def test_streaming_window_generates_past_the_cache_with_bounded_blocks(stories_llm):
     runner = ModelRunner(stories_llm.model)
     prompt = stories_llm.encode("Once upon a time")
-    params = SamplingParams(max_tokens=300, ignore_eos=True)
+    params = SamplingParams(max_tokens=150, ignore_eos=True)
     full = BatchEngine(runner, stories_llm.tokenizer, CacheConfig(block_size=4)).generate(
         [Request("f", prompt, params)])[0][0]
-    # 16 blocks of 4 tokens: 64 tokens of KV for a 305-token sequence
+    # 12 blocks of 4 tokens: 48 tokens of KV for a 155-token sequence
     engine = BatchEngine(runner, stories_llm.tokenizer,
-                         CacheConfig(block_size=4, num_blocks=20, streaming_window=64, attention_sinks=4))
+                         CacheConfig(block_size=4, num_blocks=16, streaming_window=48, attention_sinks=4))
     engine.add_request(Request("s", prompt, params))
     tokens, peak = [], 0
     while engine.has_unfinished():
         for out in engine.step():
             tokens += out.token_ids
         peak = max(peak, engine.block_manager.num_used_blocks)
-    assert len(tokens) == 300 and peak == 16
+    assert len(tokens) == 150 and peak == 12
     # identical to the full cache until the window first slides, different (but still text) after
-    first_eviction = 64 - len(prompt)
+    first_eviction = 48 - len(prompt)
     assert tokens[:first_eviction] == full.token_ids[:first_eviction]
     assert tokens != full.token_ids
     assert engine.block_manager.num_used_blocks == 0
