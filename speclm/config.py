@@ -36,3 +36,44 @@ class SpecConfig:
     @property
     def label(self) -> str:
         return self.method if self.argument is None else f"{self.method}:{self.argument}"
+
+
+@dataclass
+class CacheConfig:
+    """The paged KV cache and the batch it serves: block size, size of the pool, prefix caching,
+    and the scheduler's per-step limits. num_blocks None sizes the pool from kv_cache_mb, capped at
+    max_num_seqs full-context sequences."""
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_cache_mb: float = 512.0
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 256
+    kv_cache_dtype: str = "auto"  # "auto" = the model's dtype; "int8" = int8 with a scale per head and token
+    streaming_window: int | None = None  # StreamingLLM: tokens of KV kept per sequence (sinks + recent)
+    attention_sinks: int = 4  # StreamingLLM: first tokens always kept (rounded up to whole blocks)
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in ("auto", "int8"):
+            raise ValueError(f"kv_cache_dtype must be 'auto' or 'int8', got {self.kv_cache_dtype!r}")
+        if not 1 <= self.block_size <= 1024:
+            raise ValueError(f"block_size must be in 1..1024, got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if not self.kv_cache_mb > 0:
+            raise ValueError(f"kv_cache_mb must be > 0, got {self.kv_cache_mb}")
+        if self.streaming_window is not None and self.streaming_window <= self.attention_sinks:
+            raise ValueError(f"streaming_window ({self.streaming_window}) must exceed attention_sinks "
+                             f"({self.attention_sinks})")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, "
+                             f"got {self.max_num_seqs}, {self.max_num_batched_tokens}")
+
+    def resolve_num_blocks(self, bytes_per_token: int, context_length: int) -> int:
+        """Blocks in the pool for a model storing bytes_per_token of keys+values per token."""
+        if self.num_blocks is not None:
+            return self.num_blocks
+        by_memory = int(self.kv_cache_mb * 2**20 // (bytes_per_token * self.block_size))
+        by_demand = -(-self.max_num_seqs * context_length // self.block_size)
+        return max(1, min(by_memory, by_demand))

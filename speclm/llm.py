@@ -74,6 +74,17 @@ class LLM:
         other._set_spec(SpecConfig.parse(spec, num_speculative_tokens, adaptive) if isinstance(spec, str) else spec)
         return other
 
+    def new_proposer(self, spec: SpecConfig) -> Proposer:
+        """A fresh proposer (own per-sequence state) for the batched engine; draft models load once."""
+        if spec.method == "ngram":
+            return self._make_proposer(spec)
+        shared = getattr(self, "_draft_proposers", {})
+        self._draft_proposers = shared
+        if spec.label not in shared:
+            shared[spec.label] = self._make_proposer(spec)
+        template = shared[spec.label]
+        return DraftModelProposer(template.model, num_layers=template.num_layers, name=template.name)
+
     def _make_proposer(self, spec: SpecConfig) -> Proposer:
         if spec.method == "ngram":
             return NgramProposer(max_n=int(spec.argument) if spec.argument else 4)

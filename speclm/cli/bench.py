@@ -7,6 +7,7 @@ import shlex
 import sys
 
 from speclm.cli.common import add_model_args, load_llm
+from speclm.cli.serve import add_cache_args, cache_config
 
 DEFAULT_PROMPTS = os.path.join("..", "shared", "prompts", "specbench_dev.jsonl")
 
@@ -14,11 +15,16 @@ DEFAULT_PROMPTS = os.path.join("..", "shared", "prompts", "specbench_dev.jsonl")
 def register(sub) -> None:
     p = sub.add_parser(
         "bench",
-        help="benchmark decoding methods (and peers) on a prompt set",
-        description="Run each method over the same prompts (interleaved per prompt), then print and write "
-        "JSON + markdown + PNG with tokens/s, speedup over AR in the same run, tau (tokens per target pass), "
-        "acceptance rate and per-position acceptance, per category and overall.",
+        help="benchmark decoding methods (and peers) on a prompt set, or serving (`speclm bench serve`)",
+        description="Default mode (spec): run each method over the same prompts (interleaved per prompt), then "
+        "print and write JSON + markdown + PNG with tokens/s, speedup over AR in the same run, tau (tokens per "
+        "target pass), acceptance rate and per-position acceptance, per category and overall. "
+        "`speclm bench serve`: start the HTTP server in-process and measure throughput and TTFT / inter-token "
+        "latency p50/p99 at each --concurrency level (JSON + markdown, default name serve).",
     )
+    p.add_argument("mode", nargs="?", choices=["spec", "serve", "kv"], default="spec",
+                   help="spec (default): decoding methods; serve: the batched HTTP server; "
+                   "kv: int8 vs full-precision KV cache (memory, greedy agreement, speed)")
     add_model_args(p)
     p.add_argument("--prompts", default=DEFAULT_PROMPTS, help=f"Spec-Bench style JSONL (default {DEFAULT_PROMPTS})")
     p.add_argument("--methods", default="ar,ngram",
@@ -34,11 +40,25 @@ def register(sub) -> None:
     p.add_argument("--no-chat", action="store_true", help="feed prompts raw instead of through the chat template")
     p.add_argument("--peers", default="", help="comma-separated peers to time in the same run: transformers")
     p.add_argument("--out", default="benchmarks", help="output directory (default benchmarks/)")
-    p.add_argument("--name", default="spec_bench", help="output file stem (default spec_bench)")
+    p.add_argument("--name", default=None, help="output file stem (default spec_bench, or serve)")
+    g = p.add_argument_group("bench serve")
+    g.add_argument("--concurrency", default="1,4,16,32", help="comma-separated client counts (default 1,4,16,32)")
+    g.add_argument("--requests", type=int, default=0,
+                   help="requests per level (default 0: max(4, 2 x concurrency))")
+    add_cache_args(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.mode == "serve":
+        from speclm.cli.bench_serve import run_serve
+
+        return run_serve(args)
+    if args.mode == "kv":
+        from speclm.cli.bench_serve import run_kv
+
+        return run_kv(args)
+    args.name = args.name or "spec_bench"
     from speclm.bench.machine import machine_info
     from speclm.bench.prompts import load_prompts
     from speclm.bench.report import markdown_table, output_paths, plot_speedups, write_json

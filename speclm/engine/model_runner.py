@@ -6,12 +6,15 @@ import time
 import torch
 
 from speclm.kv.cache import KVCache
+from speclm.kv.paged_cache import BatchEntry, PagedAttentionMetadata, PagedKVCache
+from speclm.kv.quantized import int8_bytes_per_token
 from speclm.models.layers import AttentionMetadata
 from speclm.models.llama import LlamaModel
 
 
 class ModelRunner:
-    """Runs the target model over new tokens of one sequence and returns their logits."""
+    """Runs the target model over new tokens of one sequence (or of a batch, through a paged cache)
+    and returns their logits."""
 
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
@@ -45,4 +48,32 @@ class ModelRunner:
         """
         t0 = time.perf_counter()
         logits = self.model.compute_logits(self._hidden(cache, tokens, start))
+        return logits, time.perf_counter() - t0
+
+    def new_paged_cache(self, num_blocks: int, block_size: int, quantize: bool = False) -> PagedKVCache:
+        c, p = self.config, self.model.embed_tokens.weight
+        return PagedKVCache(c.num_layers, c.num_kv_heads, c.head_dim, num_blocks, block_size, p.dtype, p.device,
+                            quantize)
+
+    def kv_bytes_per_token(self, quantize: bool = False) -> int:
+        c = self.config
+        if quantize:
+            return int8_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim)
+        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.model.embed_tokens.weight.element_size()
+
+    def forward_batch(self, cache: PagedKVCache, entries: list[BatchEntry]) -> tuple[torch.Tensor, float]:
+        """One step over the new tokens of several sequences, flattened through the layers together.
+
+        Returns (logits [sum of num_logits, vocab] in entry order, seconds).
+        """
+        t0 = time.perf_counter()
+        device = cache.keys.device
+        tokens = torch.tensor([t for e in entries for t in e.tokens], dtype=torch.long, device=device)
+        positions = torch.tensor([e.start + i for e in entries for i in range(len(e.tokens))], device=device)
+        rows, offset = [], 0
+        for e in entries:
+            offset += len(e.tokens)
+            rows.extend(range(offset - e.num_logits, offset))
+        hidden = self.model(tokens, positions, cache, PagedAttentionMetadata(entries, device))
+        logits = self.model.compute_logits(hidden, rows) if rows else hidden.new_zeros(0, self.config.vocab_size)
         return logits, time.perf_counter() - t0

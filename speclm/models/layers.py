@@ -140,6 +140,27 @@ class AttentionMetadata:
         k_pos = torch.arange(self.end).unsqueeze(0)
         return k_pos <= q_pos, False
 
+    def attend(
+        self,
+        q: torch.Tensor,  # [heads, num_tokens, head_dim]
+        k: torch.Tensor,  # [kv_heads, num_tokens, head_dim]
+        v: torch.Tensor,
+        k_cache: torch.Tensor,  # [kv_heads, capacity, head_dim]
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        """Write the new keys/values at slots start.., attend over slots 0..end; [heads, num_tokens, head_dim]."""
+        k_cache[:, self.start : self.end] = k
+        v_cache[:, self.start : self.end] = v
+        attn_mask, is_causal = self.sdpa_mask()
+        return F.scaled_dot_product_attention(
+            q.unsqueeze(0),
+            k_cache[:, : self.end].unsqueeze(0),
+            v_cache[:, : self.end].unsqueeze(0),
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+            enable_gqa=q.shape[0] != k.shape[0],
+        )[0]
+
 
 class Attention(nn.Module):
     """Grouped-query self-attention with a fused QKV projection and an external KV cache."""
@@ -162,24 +183,16 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         k_cache: torch.Tensor,  # [kv_heads, capacity, head_dim]
         v_cache: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: AttentionMetadata,  # or PagedAttentionMetadata (speclm.kv.paged_cache)
     ) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
         q = apply_rope(q.view(n, self.num_heads, self.head_dim).transpose(0, 1), cos, sin)
         k = apply_rope(k.view(n, self.num_kv_heads, self.head_dim).transpose(0, 1), cos, sin)
-        k_cache[:, meta.start : meta.end] = k
-        v_cache[:, meta.start : meta.end] = v.view(n, self.num_kv_heads, self.head_dim).transpose(0, 1)
-        attn_mask, is_causal = meta.sdpa_mask()
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(0),
-            k_cache[:, : meta.end].unsqueeze(0),
-            v_cache[:, : meta.end].unsqueeze(0),
-            attn_mask=attn_mask,
-            is_causal=is_causal,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )  # [1, heads, num_tokens, head_dim]
-        return self.o_proj(out[0].transpose(0, 1).reshape(n, -1))
+        v = v.view(n, self.num_kv_heads, self.head_dim).transpose(0, 1)
+        # The metadata knows the cache layout (one contiguous sequence, or paged slots of a batch).
+        out = meta.attend(q, k, v, k_cache, v_cache)  # [heads, num_tokens, head_dim]
+        return self.o_proj(out.transpose(0, 1).reshape(n, -1))
 
 
 class MLP(nn.Module):

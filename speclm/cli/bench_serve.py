@@ -1,0 +1,143 @@
+"""`speclm bench serve`: serving throughput and latency per concurrency level (see speclm/bench/serve_bench.py)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shlex
+import sys
+
+from speclm.cli.common import load_llm
+
+NOTE = ("The machine's 2 cores were shared with other agents' jobs during the run, so absolute numbers are "
+        "noisy; ratios between levels of the same run are the meaningful part.")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from speclm.bench.machine import machine_info
+    from speclm.bench.prompts import load_prompts
+    from speclm.bench.report import output_paths, write_json
+    from speclm.bench.serve_bench import markdown, run_level, serve_in_thread
+    from speclm.cli.serve import build_app, cache_config
+
+    try:
+        levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    except ValueError as e:
+        raise ValueError(f"--concurrency must be comma-separated integers, got {args.concurrency!r}") from e
+    if not levels or min(levels) < 1:
+        raise ValueError(f"--concurrency needs levels >= 1, got {args.concurrency!r}")
+    if args.requests < 0 or args.max_tokens < 1:
+        raise ValueError(f"--requests must be >= 0 and --max-tokens >= 1, got {args.requests}, {args.max_tokens}")
+    config = cache_config(args)
+    if max(levels) > config.max_num_seqs:
+        print(f"note: concurrency above --max-num-seqs {config.max_num_seqs} queues requests", file=sys.stderr)
+    categories = args.categories.split(",") if args.categories else None
+    texts = [p["text"] for p in load_prompts(args.prompts, args.per_category or None, categories)]
+    args.spec = None
+    llm = load_llm(args)
+    prompts = [llm.tokenizer.encode(t) if args.no_chat else llm.tokenizer.encode_chat([{"role": "user", "content": t}])
+               for t in texts]
+    room = llm.model.config.max_position_embeddings - args.max_tokens
+    if room < 1:
+        raise ValueError(f"--max-tokens {args.max_tokens} leaves no room for a prompt in the model's context")
+    prompts = [p[-room:] for p in prompts]  # keep the end of over-long prompts (tiny-context models)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] or ["ar"]
+    results = {}
+    for method in methods:
+        served = llm if method == "ar" else llm.with_spec(method, args.k, not args.no_adaptive)
+        label = "no speculation" if method == "ar" else f"{method} (K={args.k}{'' if args.no_adaptive else ', adaptive'})"
+        results[label] = []
+        with serve_in_thread(build_app(served, config, model_name="bench")) as url:
+            asyncio.run(run_level(url, prompts, 1, 1, 4))  # warm-up
+            for c in levels:
+                r = asyncio.run(run_level(url, prompts, c, args.requests or max(4, 2 * c), args.max_tokens))
+                print(f"{label}, concurrency {c}: {r['tokens_per_s']:.1f} tokens/s, TTFT p50 {r['ttft_p50']:.3f} s, "
+                      f"ITL p50 {1000 * r['itl_p50']:.1f} ms", file=sys.stderr)
+                results[label].append(r)
+    machine = machine_info()
+    command = "speclm bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "speclm bench serve"
+    title = f"speclm bench serve: {os.path.basename(llm.model_path)}, greedy, {args.max_tokens} tokens per request"
+    paths = output_paths(args.out, args.name or "serve")
+    write_json(paths["json"], {"command": command, "machine": machine, "note": NOTE, "cache": vars(config),
+                               "max_tokens": args.max_tokens, "prompts": len(prompts), "results": results})
+    table = markdown(results, title, command, machine, NOTE)
+    with open(paths["md"], "w") as f:
+        f.write(table)
+    print(table)
+    print(f"wrote {paths['json']}, {paths['md']}", file=sys.stderr)
+    return 0
+
+
+def run_kv(args: argparse.Namespace) -> int:
+    """`speclm bench kv`: the same prompts through the batched engine with a full-precision and an int8
+    KV cache; memory per token, greedy agreement with the full-precision output, and tokens/s."""
+    import dataclasses
+    import time
+
+    from speclm.bench.machine import machine_info
+    from speclm.bench.prompts import load_prompts
+    from speclm.bench.report import output_paths, write_json
+    from speclm.cli.serve import cache_config
+    from speclm.engine.batch_engine import BatchEngine
+    from speclm.engine.model_runner import ModelRunner
+    from speclm.engine.request import Request
+    from speclm.sampling_params import SamplingParams
+
+    config = cache_config(args)
+    window = config.streaming_window
+    config = dataclasses.replace(config, streaming_window=None)
+    categories = args.categories.split(",") if args.categories else None
+    texts = [p["text"] for p in load_prompts(args.prompts, args.per_category or None, categories)]
+    args.spec = None
+    llm = load_llm(args)
+    prompts = [llm.tokenizer.encode(t) if args.no_chat else llm.tokenizer.encode_chat([{"role": "user", "content": t}])
+               for t in texts]
+    room = llm.model.config.max_position_embeddings - args.max_tokens
+    prompts = [p[-room:] for p in prompts]
+    variants = {"auto": config, "int8": dataclasses.replace(config, kv_cache_dtype="int8")}
+    if window is not None:
+        variants[f"streaming {window}"] = dataclasses.replace(config, streaming_window=window)
+    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+    runner = ModelRunner(llm.model)
+    rows, outputs = {}, {}
+    for dtype, variant in variants.items():
+        engine = BatchEngine(runner, llm.tokenizer, variant)
+        t0 = time.perf_counter()
+        outs = engine.generate([Request(str(i), p, params) for i, p in enumerate(prompts)])
+        seconds = time.perf_counter() - t0
+        outputs[dtype] = [o[0].token_ids for o in outs]
+        per_token = runner.kv_bytes_per_token(dtype == "int8")
+        longest = max(len(p) for p in prompts) + args.max_tokens
+        kept = min(longest, -(-variant.streaming_window // variant.block_size) * variant.block_size
+                   if variant.streaming_window else longest)
+        rows[dtype] = {"kv_bytes_per_token": per_token, "cache_mb": engine.cache.nbytes / 2**20,
+                       "longest_sequence_kv_mb": kept * per_token / 2**20,
+                       "num_blocks": engine.block_manager.num_blocks,
+                       "tokens_per_s": len(prompts) * args.max_tokens / seconds}
+    for dtype, row in rows.items():
+        agree = [next((i for i, (a, b) in enumerate(zip(ref, out)) if a != b), len(ref))
+                 for ref, out in zip(outputs["auto"], outputs[dtype])]
+        row["identical_outputs"] = sum(a == args.max_tokens for a in agree) / len(agree)
+        row["mean_agreeing_prefix"] = sum(agree) / len(agree)
+    machine = machine_info()
+    command = "speclm bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "speclm bench kv"
+    lines = [f"# speclm bench kv: {os.path.basename(llm.model_path)}, {len(prompts)} prompts, greedy, "
+             f"{args.max_tokens} tokens each", "", f"Command: `{command}`", "",
+             f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
+             f"({machine.get('torch_threads')} threads). {NOTE}", "",
+             "Agreement: greedy tokens generated before the first difference from the full-precision cache's output.", "",
+             "| KV cache | bytes/token | pool MB | KV MB of the longest sequence | identical outputs | "
+             "mean agreeing prefix (tokens) | tokens/s |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for dtype, r in rows.items():
+        lines.append(f"| {dtype} | {r['kv_bytes_per_token']} | {r['cache_mb']:.1f} | {r['longest_sequence_kv_mb']:.2f} | "
+                     f"{100 * r['identical_outputs']:.0f}% | "
+                     f"{r['mean_agreeing_prefix']:.1f} / {args.max_tokens} | {r['tokens_per_s']:.1f} |")
+    table = "\n".join(lines) + "\n"
+    paths = output_paths(args.out, args.name or "kv_int8")
+    write_json(paths["json"], {"command": command, "machine": machine, "note": NOTE, "cache": vars(config),
+                               "max_tokens": args.max_tokens, "results": rows})
+    with open(paths["md"], "w") as f:
+        f.write(table)
+    print(table)
+    return 0

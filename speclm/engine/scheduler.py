@@ -1,0 +1,162 @@
+"""Continuous batching: waiting/running queues, a token budget per step, chunked prefill, preemption.
+
+Integers only (no tensors): each step picks which sequences run how many new tokens, asks the
+BlockManager for their cache slots, and when blocks run out preempts the newest running sequence
+(its blocks are freed; it is recomputed from its prompt and committed tokens later, so no token is
+lost or repeated).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from speclm.kv.block_manager import BlockManager
+
+
+@dataclass
+class Sequence:
+    """One sequence of tokens being generated (a request has one per sample when n > 1).
+
+    `num_computed` tokens have their keys/values in the cache; the rest of `token_ids` (the
+    prompt, or the last sampled token) still has to run through the model.
+    """
+
+    seq_id: str
+    prompt_ids: list[int]
+    max_total_tokens: int  # prompt + generated tokens this sequence may reach
+    output_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    draft_tokens: list[int] = field(default_factory=list)  # speculative tokens to verify after the last one
+    num_preemptions: int = 0
+    finished: bool = False
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed
+
+
+@dataclass
+class ScheduledChunk:
+    """Run tokens (seq.token_ids + draft tokens)[start : start + num_tokens]; `start` equals
+    seq.num_computed; the last `num_drafts` of them are speculative."""
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+    num_drafts: int = 0
+
+    @property
+    def completes(self) -> bool:
+        """True when this chunk reaches the sequence's last token, so its logits pick the next token."""
+        return self.start + self.num_tokens == self.seq.num_tokens + self.num_drafts
+
+
+@dataclass
+class SchedulerOutput:
+    """What one engine step runs, and the block copies (copy-on-write) to do before it."""
+
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+
+class Scheduler:
+    """FIFO continuous batching under `max_num_batched_tokens` per step and `max_num_seqs` running."""
+
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int = 32, max_num_batched_tokens: int = 256) -> None:
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError(f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1, "
+                             f"got {max_num_seqs}, {max_num_batched_tokens}")
+        self.blocks = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.blocks.num_blocks * self.blocks.block_size
+
+    def add(self, seq: Sequence) -> None:
+        if self.blocks.window_blocks is None and seq.max_total_tokens > self.capacity_tokens:
+            raise ValueError(f"sequence needs up to {seq.max_total_tokens} tokens but the KV cache holds "
+                             f"{self.capacity_tokens}")
+        self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """Put a sequence that already owns blocks (a fork) straight into the running queue."""
+        self.running.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence) -> None:
+        """Drop a finished or aborted sequence and free its blocks."""
+        seq.finished = True
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.free(seq.seq_id)
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's work: running sequences first (oldest first), then admit waiting ones."""
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            # Drafts only ride along with the sequence's last token, and only as far as the budget allows.
+            del seq.draft_tokens[max(0, budget - seq.num_uncomputed):]
+            n = min(seq.num_uncomputed + len(seq.draft_tokens), budget)
+            copies = self.blocks.ensure_slots(seq.seq_id, seq.num_computed, seq.num_computed + n)
+            if copies is None:
+                # Out of blocks: recompute the newest running sequence later (maybe this one).
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+                continue
+            out.copies += copies
+            out.chunks.append(ScheduledChunk(seq, seq.num_computed, n, len(seq.draft_tokens)))
+            budget -= n
+            i += 1
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
+            seq = self.waiting[0]
+            if not self.blocks.has(seq.seq_id):
+                seq.num_computed = self.blocks.allocate(seq.seq_id, seq.token_ids)
+            n = min(seq.num_uncomputed, budget)
+            copies = self.blocks.ensure_slots(seq.seq_id, seq.num_computed, seq.num_computed + n)
+            if copies is None:
+                self.blocks.free(seq.seq_id)  # give the prefix blocks back; try again next step
+                seq.num_computed = 0
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            out.copies += copies
+            out.chunks.append(ScheduledChunk(seq, seq.num_computed, n))
+            budget -= n
+        return out
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq.seq_id)
+        seq.num_computed = 0
+        seq.draft_tokens = []
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)

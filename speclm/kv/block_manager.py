@@ -1,0 +1,224 @@
+"""Paged KV-cache bookkeeping in plain integers: blocks, ref counts, block tables, prefix cache, LRU.
+
+No tensors here: the scheduler asks this class which cache slots each sequence owns, and the model
+runner turns those slot numbers into gathers. A block holds `block_size` consecutive tokens of one
+or more sequences (shared by reference count). Full blocks are keyed by a hash chain of their tokens
+so that a later prompt with the same prefix reuses them; unreferenced cached blocks stay readable
+until the free list runs dry, then the least recently freed one is evicted.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _SequenceBlocks:
+    """One sequence's block table and how far its full blocks have been entered in the prefix cache."""
+
+    blocks: list[int] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)  # chain hashes of the leading full, computed blocks
+
+    @property
+    def last_hash(self) -> int | None:
+        return self.hashes[-1] if self.hashes else None
+
+
+@dataclass
+class PrefixCacheStats:
+    """Prefix-cache counters over prompt tokens looked up (queried) and found (hit)."""
+
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+EVICTED = -1  # block-table entry of a block dropped by the StreamingLLM window
+
+
+def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
+    """Hash of a full block given the hash of the block before it (None for the first block)."""
+    return hash((parent, tokens))
+
+
+class BlockManager:
+    """Allocates fixed-size KV blocks to sequences, shares them by reference count.
+
+    Slot s of a sequence (its s-th token) lives in block `table[s // block_size]` at offset
+    `s % block_size`; `slot_ids` turns that into flat cache slot numbers.
+
+    With `window_blocks` set (StreamingLLM), a sequence keeps at most that many blocks: its first
+    `sink_blocks` (attention sinks) and the most recent ones; older blocks are dropped from its
+    table (EVICTED) as it grows, so generation can run past the pool's per-sequence capacity.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 window_blocks: int | None = None, sink_blocks: int = 1) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        if window_blocks is not None and not sink_blocks < window_blocks <= num_blocks:
+            raise ValueError(f"the streaming window needs sink blocks ({sink_blocks}) < window blocks "
+                             f"({window_blocks}) <= pool blocks ({num_blocks})")
+        self.window_blocks, self.sink_blocks = window_blocks, sink_blocks
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # ref 0 but cached; oldest first
+        self._hash_to_block: dict[int, int] = {}
+        self._block_key: dict[int, tuple[int | None, tuple[int, ...], int]] = {}  # block -> (parent, tokens, hash)
+        self._seqs: dict[str, _SequenceBlocks] = {}
+        self.stats = PrefixCacheStats()
+
+    # -- public: queries -------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that can be handed out now (free, or cached but unreferenced)."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks referenced by at least one live sequence."""
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._hash_to_block)
+
+    def has(self, seq_id: str) -> bool:
+        return seq_id in self._seqs
+
+    def block_table(self, seq_id: str) -> list[int]:
+        return self._seqs[seq_id].blocks
+
+    def slot_ids(self, seq_id: str, start: int, end: int) -> list[int]:
+        """Flat cache slots (block * block_size + offset) of the sequence's tokens start..end-1."""
+        blocks, bs = self._seqs[seq_id].blocks, self.block_size
+        return [blocks[i // bs] * bs + i % bs for i in range(start, end) if blocks[i // bs] != EVICTED]
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- public: lifecycle -----------------------------------------------------------------
+    def allocate(self, seq_id: str, token_ids: list[int]) -> int:
+        """Start a sequence: attach cached blocks holding a prefix of token_ids; return how many
+        tokens they cover. At least the last prompt token is left to compute (its logits are needed)."""
+        assert seq_id not in self._seqs, seq_id
+        seq = _SequenceBlocks()
+        self._seqs[seq_id] = seq
+        if not self.enable_prefix_caching:
+            return 0
+        self.stats.queried_tokens += len(token_ids)
+        bs = self.block_size
+        for i in range((len(token_ids) - 1) // bs):
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
+            h = chain_hash(seq.last_hash, tokens)
+            block = self._hash_to_block.get(h)
+            if block is None or self._block_key[block][:2] != (seq.last_hash, tokens):
+                break
+            self._take(block)
+            seq.blocks.append(block)
+            seq.hashes.append(h)
+        cached = len(seq.blocks) * bs
+        self.stats.hit_tokens += cached
+        return cached
+
+    def ensure_slots(self, seq_id: str, write_from: int, end: int) -> list[tuple[int, int]] | None:
+        """Make slots write_from..end-1 writable: add blocks up to `end` tokens and copy any shared
+        block in that range (copy-on-write). Returns the (src, dst) block copies the caller must do
+        on the tensors, or None (changing nothing) when there are not enough free blocks."""
+        seq = self._seqs[seq_id]
+        bs = self.block_size
+        new_blocks = max(0, self.blocks_needed(end) - len(seq.blocks))
+        if self.window_blocks is not None:
+            self._slide_window(seq, write_from, new_blocks)
+        shared = [i for i in range(write_from // bs, min(len(seq.blocks), self.blocks_needed(end)))
+                  if self.ref_counts[seq.blocks[i]] > 1]
+        if new_blocks + len(shared) > self.num_free_blocks:
+            return None
+        copies = []
+        for i in shared:
+            old, new = seq.blocks[i], self._pop_free()
+            self.ref_counts[old] -= 1
+            seq.blocks[i] = new
+            copies.append((old, new))
+            del seq.hashes[i:]  # a copied block is no longer the cached one
+        seq.blocks.extend(self._pop_free() for _ in range(new_blocks))
+        return copies
+
+    def mark_computed(self, seq_id: str, token_ids: list[int], num_computed: int) -> None:
+        """Record that the first num_computed tokens (token_ids) are in the cache: full blocks among
+        them become prefix-cache entries other prompts can reuse."""
+        if not self.enable_prefix_caching:
+            return
+        seq, bs = self._seqs[seq_id], self.block_size
+        while (len(seq.hashes) + 1) * bs <= num_computed:
+            i = len(seq.hashes)
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
+            h = chain_hash(seq.last_hash, tokens)
+            block = seq.blocks[i]
+            if block != EVICTED and h not in self._hash_to_block and block not in self._block_key:
+                self._hash_to_block[h] = block
+                self._block_key[block] = (seq.last_hash, tokens, h)
+            seq.hashes.append(h)
+
+    def fork(self, parent_id: str, child_id: str) -> None:
+        """Give child the parent's blocks (shared, copy-on-write on the next write)."""
+        parent = self._seqs[parent_id]
+        assert child_id not in self._seqs, child_id
+        for block in parent.blocks:
+            if block != EVICTED:
+                self.ref_counts[block] += 1
+        self._seqs[child_id] = _SequenceBlocks(list(parent.blocks), list(parent.hashes))
+
+    def free(self, seq_id: str) -> None:
+        """Release a finished, aborted or preempted sequence's blocks (cached ones stay reusable)."""
+        seq = self._seqs.pop(seq_id, None)
+        if seq is None:
+            return
+        for block in reversed(seq.blocks):  # tail blocks first: they are evicted before the prefix
+            if block != EVICTED:
+                assert self.ref_counts[block] > 0, block
+                self._release(block)
+
+    # -- private ---------------------------------------------------------------------------
+    def _slide_window(self, seq: _SequenceBlocks, write_from: int, new_blocks: int) -> None:
+        """Drop the oldest non-sink blocks (never one being written) until the window has room."""
+        kept = [i for i, b in enumerate(seq.blocks) if b != EVICTED]
+        excess = len(kept) + new_blocks - self.window_blocks
+        for i in kept:
+            if excess <= 0 or i >= write_from // self.block_size:
+                break
+            if i < self.sink_blocks:
+                continue
+            self._release(seq.blocks[i])
+            seq.blocks[i] = EVICTED
+            excess -= 1
+
+    def _release(self, block: int) -> None:
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            if block in self._block_key:
+                self._evictable[block] = None
+            else:
+                self._free.append(block)
+
+    def _take(self, block: int) -> None:
+        if self.ref_counts[block] == 0:
+            del self._evictable[block]
+        self.ref_counts[block] += 1
+
+    def _pop_free(self) -> int:
+        if self._free:
+            block = self._free.pop()
+        else:
+            block, _ = self._evictable.popitem(last=False)  # least recently freed
+            _, _, h = self._block_key.pop(block)
+            del self._hash_to_block[h]
+        assert self.ref_counts[block] == 0, block
+        self.ref_counts[block] = 1
+        return block

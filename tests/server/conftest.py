@@ -1,0 +1,50 @@
+"""A real uvicorn server on 127.0.0.1 (free port) in a background thread, always shut down."""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # 2 shared cores: torch's thread pool costs more than it gives on the small test models.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@contextmanager
+def running_server(llm, config=None, api_key=None, model_name="test-model"):
+    """Yield (base_url, app) for a server over `llm`; stops it (and its engine thread) afterwards."""
+    import uvicorn
+
+    from speclm.cli.serve import build_app
+    from speclm.config import CacheConfig
+
+    app = build_app(llm, config or CacheConfig(), api_key, model_name)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        assert not thread.is_alive(), "server did not stop"
+
+
+def wait_until(condition, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)

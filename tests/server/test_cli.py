@@ -1,0 +1,36 @@
+"""`speclm serve` option errors and a tiny `speclm bench serve` / `speclm bench kv` run on stories260K."""
+import json
+
+from speclm.cli import main
+from tests.conftest import STORIES_MODEL, STORIES_TOKENIZER
+
+STORIES = ["--model", STORIES_MODEL, "--tokenizer", STORIES_TOKENIZER, "--threads", "1"]
+
+
+def test_serve_rejects_bad_options(capsys):
+    assert main(["serve", "--port", "70000"]) == 2
+    assert main(["serve", "--block-size", "0"]) == 2
+    assert main(["serve", "--max-num-seqs", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--port must be in 0..65535, got 70000" in err and "block_size must be in 1..1024, got 0" in err
+
+
+def test_bench_serve_writes_json_and_markdown(tmp_path):
+    args = ["bench", "serve", *STORIES, "--no-chat", "--per-category", "1", "--concurrency", "1,3",
+            "--requests", "3", "--max-tokens", "6", "--methods", "ar,ngram", "--out", str(tmp_path)]
+    assert main(args) == 0
+    data = json.loads((tmp_path / "serve.json").read_text())
+    assert list(data["results"]) == ["no speculation", "ngram (K=4, adaptive)"]
+    for levels in data["results"].values():
+        assert [r["concurrency"] for r in levels] == [1, 3]
+        assert all(r["tokens"] == 18 and r["tokens_per_s"] > 0 and r["ttft_p99"] >= r["ttft_p50"] > 0 for r in levels)
+    assert "| no speculation | 3 | 3 |" in (tmp_path / "serve.md").read_text()
+
+
+def test_bench_kv_reports_memory_and_agreement(tmp_path):
+    args = ["bench", "kv", *STORIES, "--no-chat", "--per-category", "1", "--categories", "writing,qa",
+            "--max-tokens", "8", "--block-size", "4", "--out", str(tmp_path)]
+    assert main(args) == 0
+    rows = json.loads((tmp_path / "kv_int8.json").read_text())["results"]
+    assert rows["auto"]["identical_outputs"] == 1.0 and rows["auto"]["mean_agreeing_prefix"] == 8
+    assert rows["int8"]["kv_bytes_per_token"] * 32 == rows["auto"]["kv_bytes_per_token"] * 12
