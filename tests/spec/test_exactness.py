@@ -41,7 +41,7 @@ def sample_two_tokens(llm, prompt_ids: list[int], params: SamplingParams, num_sa
 
 def g_test_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
     """G-test of observed cell counts against expected probabilities; cells expected < 5 are pooled."""
-    expected = probs * counts.sum()
+    expected = probs / probs.sum() * counts.sum()  # fp32 rounding leaves the enumerated total a hair off 1
     big = expected >= 5
     observed = np.append(counts[big], counts[~big].sum())
     expected = np.append(expected[big], expected[~big].sum())
@@ -59,15 +59,12 @@ class ResidualSkippingVerifier(RejectionSampler):
         return p
 
 
+# Settings with enough entropy in the first two tokens that a wrong verifier shows (a nearly
+# deterministic prompt hides any bias). Drafts: a noisy copy, the first layer alone, one-hot n-grams.
 CASES = {
-    "perturbed-draft-t1": ("draft", SamplingParams(temperature=1.0), 2),
-    "layerskip-topk-topp": ("layerskip:1", SamplingParams(temperature=0.8, top_k=20, top_p=0.9), 3),
-    "ngram-one-hot-drafts": ("ngram", SamplingParams(temperature=1.0), 2),
-}
-PROMPTS = {
-    "perturbed-draft-t1": "Once upon a time",
-    "layerskip-topk-topp": "Tom and Lily",
-    "ngram-one-hot-drafts": "Tom had a red ball. Tom had a red ball. Tom had a",
+    "perturbed-draft": ("draft", "", SamplingParams(temperature=1.5), 2),
+    "layerskip-topk-topp": ("layerskip:1", "Once upon a time, there was a", SamplingParams(temperature=2.0, top_k=20, top_p=0.9), 3),
+    "ngram-one-hot-drafts": ("ngram", "Tom had a red ball. Tom had a red ball. Tom had a", SamplingParams(temperature=1.0), 2),
 }
 
 
@@ -78,8 +75,8 @@ def spec_llm(stories_llm, perturbed_stories_dir, method: str, k: int):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_speculative_sampling_matches_target_distribution(stories_llm, perturbed_stories_dir, case):
-    method, params, k = CASES[case]
-    prompt_ids = stories_llm.tokenizer.encode(PROMPTS[case])
+    method, prompt, params, k = CASES[case]
+    prompt_ids = stories_llm.tokenizer.encode(prompt)
     llm = spec_llm(stories_llm, perturbed_stories_dir, method, k)
     counts = sample_two_tokens(llm, prompt_ids, params, NUM_SAMPLES)
     exact = exact_two_token_distribution(stories_llm, prompt_ids, params)
@@ -89,15 +86,16 @@ def test_speculative_sampling_matches_target_distribution(stories_llm, perturbed
 
 def test_plain_sampling_matches_target_distribution(stories_llm):
     """The same check on plain decoding, so a failure above points at speculation, not the harness."""
-    params = SamplingParams(temperature=1.0)
-    prompt_ids = stories_llm.tokenizer.encode("Once upon a time")
+    params = SamplingParams(temperature=1.5)
+    prompt_ids = stories_llm.tokenizer.encode("")
     counts = sample_two_tokens(stories_llm, prompt_ids, params, NUM_SAMPLES)
     assert g_test_pvalue(counts, exact_two_token_distribution(stories_llm, prompt_ids, params)) > ALPHA
 
 
-def test_negative_control_rejects_broken_verifier(stories_llm, perturbed_stories_dir):
-    method, params, k = CASES["perturbed-draft-t1"]
-    prompt_ids = stories_llm.tokenizer.encode(PROMPTS["perturbed-draft-t1"])
+@pytest.mark.parametrize("method", ["draft", "layerskip:1"])
+def test_negative_control_rejects_broken_verifier(stories_llm, perturbed_stories_dir, method):
+    _, prompt, params, k = CASES["perturbed-draft"]
+    prompt_ids = stories_llm.tokenizer.encode(prompt)
     llm = spec_llm(stories_llm, perturbed_stories_dir, method, k)
     llm.engine.verifier = ResidualSkippingVerifier()
     counts = sample_two_tokens(llm, prompt_ids, params, NUM_SAMPLES)
