@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from speclm import LLM, SamplingParams
-from speclm.models.checkpoint import Checkpoint, build_model
+from speclm.models.checkpoint import build_model
 from speclm.models.layers import AttentionMetadata
 from speclm.models.loader import load_checkpoint
 from speclm.models.quant_linear import (
