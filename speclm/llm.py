@@ -13,6 +13,7 @@ from speclm.engine.request import Request, RequestOutput
 from speclm.models.checkpoint import ModelLoadError, build_model
 from speclm.models.llama import LlamaModel
 from speclm.models.loader import load_checkpoint
+from speclm.models.quant_linear import WeightFormat
 from speclm.sampling_params import SamplingParams
 from speclm.spec.draft_model import DraftModelProposer
 from speclm.spec.ngram import NgramProposer
@@ -28,7 +29,8 @@ class LLM:
     model: None (the default SmolLM2-135M-Instruct), a .gguf file, a Hugging Face model directory,
     a llama2.c .bin (with tokenizer=...), or a hub id (needs a network).
     spec: None, or 'ngram', 'layerskip:N', 'draft:PATH'; num_speculative_tokens is K (the maximum
-    when adaptive).
+    when adaptive). weights: the runtime format of the linear layers, fp32 (default) | bf16 | int8 |
+    int4 | int4:GROUP (see speclm.models.quant_linear).
     """
 
     def __init__(
@@ -39,15 +41,18 @@ class LLM:
         num_speculative_tokens: int = 4,
         adaptive: bool = True,
         threads: int | None = None,
+        weights: str | None = None,
     ) -> None:
         if threads is not None:
             if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
                 raise ValueError(f"threads must be a positive integer, got {threads!r}")
             torch.set_num_threads(threads)
+        self.weights = WeightFormat.parse(weights)  # a bad value fails before the slow load
         checkpoint = load_checkpoint(model)
         self.model_path = checkpoint.source
-        self.model: LlamaModel = build_model(checkpoint)
-        self.tokenizer: Tokenizer = load_tokenizer(checkpoint.source, tokenizer)
+        self.model: LlamaModel = build_model(checkpoint, weights=self.weights)
+        del checkpoint  # drop the file's reader (its parsed metadata) before loading the tokenizer
+        self.tokenizer: Tokenizer = load_tokenizer(self.model_path, tokenizer)
         if self.tokenizer.vocab_size > self.model.config.vocab_size:
             raise ModelLoadError(
                 f"tokenizer has {self.tokenizer.vocab_size} tokens but the model only {self.model.config.vocab_size}"
@@ -70,6 +75,7 @@ class LLM:
         """A new LLM sharing this one's weights and tokenizer, with another speculative method."""
         other = object.__new__(LLM)
         other.model_path, other.model, other.tokenizer = self.model_path, self.model, self.tokenizer
+        other.weights = self.weights
         other._ids = itertools.count()
         other._set_spec(SpecConfig.parse(spec, num_speculative_tokens, adaptive) if isinstance(spec, str) else spec)
         return other
@@ -93,7 +99,7 @@ class LLM:
             if not 1 <= n < self.model.config.num_layers:
                 raise ValueError(f"layerskip:{n} needs 1 <= N < {self.model.config.num_layers} (the model's layers)")
             return DraftModelProposer(self.model, num_layers=n, name=spec.label)
-        draft = build_model(load_checkpoint(spec.argument))
+        draft = build_model(load_checkpoint(spec.argument), weights=self.weights)
         if draft.config.vocab_size != self.model.config.vocab_size:
             raise ValueError(
                 f"draft model {spec.argument} has vocabulary {draft.config.vocab_size}, "

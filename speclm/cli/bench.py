@@ -38,7 +38,17 @@ def register(sub) -> None:
     p.add_argument("--no-adaptive", action="store_true", help="fixed K instead of adaptive speculation length")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
     p.add_argument("--no-chat", action="store_true", help="feed prompts raw instead of through the chat template")
-    p.add_argument("--peers", default="", help="comma-separated peers to time in the same run: transformers")
+    p.add_argument("--peers", default="", help="comma-separated peers to time in the same run: transformers "
+                   "(with --compare: llama.cpp,transformers, the default)")
+    g = p.add_argument_group("--compare: weight formats and peers in one run")
+    g.add_argument("--compare", action="store_true",
+                   help="time speclm in each --formats (AR and --spec-method) against llama.cpp (llama-cpp-python) "
+                   "and transformers (AR and prompt lookup) on the same GGUF, prompts and greedy token count; report "
+                   "medians, ratios to llama.cpp AR, greedy agreement with fp32, perplexity, verification cost, profile")
+    g.add_argument("--formats", default="fp32,bf16,int8,int4", help="weight formats for --compare (default fp32,bf16,int8,int4)")
+    g.add_argument("--spec-method", default="ngram", help="speculative method for --compare (default ngram)")
+    g.add_argument("--repeats", type=int, default=3, help="repeats for --compare (default 3)")
+    g.add_argument("--rss", action="store_true", help="with --compare: also measure each engine's peak RSS in a fresh process")
     p.add_argument("--out", default="benchmarks", help="output directory (default benchmarks/)")
     p.add_argument("--name", default=None, help="output file stem (default spec_bench, or serve)")
     g = p.add_argument_group("bench serve")
@@ -65,6 +75,13 @@ def run(args: argparse.Namespace) -> int:
     from speclm.bench.spec_bench import aggregate, run_methods
     from speclm.sampling_params import SamplingParams
 
+    if args.compare:
+        from speclm.bench.compare_report import write_compare
+
+        categories = args.categories.split(",") if args.categories else None
+        if args.name == "spec_bench":
+            args.name = "runtime"
+        return write_compare(args, load_prompts(args.prompts, args.per_category or None, categories))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
         raise ValueError("--methods is empty")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from speclm.config import SPEC_METHODS_HELP
+from speclm.models.quant_linear import WEIGHTS_HELP
 from speclm.sampling_params import SamplingParams
 
 
@@ -15,6 +16,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer", default=None,
                    help="tokenizer file when the model has none inside (e.g. tok512.bin for llama2.c models)")
     g.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    g.add_argument("--weights", "--dtype", dest="weights", default="fp32", metavar="FORMAT",
+                   help=f"runtime weight format of the linear layers: {WEIGHTS_HELP}. Default fp32")
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -58,6 +61,7 @@ def load_llm(args: argparse.Namespace):
         num_speculative_tokens=getattr(args, "k", 4),
         adaptive=not getattr(args, "no_adaptive", False),
         threads=args.threads,
+        weights=args.weights,
     )
 
 

@@ -3,10 +3,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import itertools
+from contextlib import contextmanager
+
 import torch
+from torch import nn
 
 from speclm.models.config import ModelConfig
 from speclm.models.llama import LlamaModel
+from speclm.models.quant_linear import WeightFormat, head_format, make_linear
 
 
 class ModelLoadError(ValueError):
@@ -27,12 +32,42 @@ def layer_tensor(tensors: dict[str, torch.Tensor], layer: int, name: str) -> tor
     return tensors.get(f"model.layers.{layer}.{name}")
 
 
-def build_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, device: str = "cpu") -> LlamaModel:
-    """Instantiate the decoder and copy the checkpoint's weights in, fusing QKV and gate/up."""
+def build_model(
+    checkpoint: Checkpoint,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    weights: "str | WeightFormat | None" = None,
+) -> LlamaModel:
+    """Instantiate the decoder from the checkpoint, fusing QKV and gate/up, with its linear layers in
+    the runtime format `weights` (fp32 | bf16 | int8 | int4[:GROUP]).
+
+    Layers are built one at a time from the checkpoint's tensors, so with a lazily dequantizing
+    checkpoint (GGUF) at most one layer's fp32 weights exist beside the quantized model.
+    """
+    fmt = WeightFormat.parse(weights)
+    with single_threaded():
+        return _build(checkpoint, dtype, device, fmt)
+
+
+@contextmanager
+def single_threaded():
+    """Run torch ops on one thread for a while. Loading is many small elementwise ops, and on a
+    busy 2-core machine each multi-threaded op can stall ~40 ms waiting for its second thread
+    (measured: dequantizing a 1536x576 Q4_1 tensor took 250 ms on 2 threads, 1 ms on one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _build(checkpoint: Checkpoint, dtype: torch.dtype, device: str, fmt: WeightFormat) -> LlamaModel:
+    if fmt.name != "fp32" and (dtype != torch.float32 or device != "cpu"):
+        raise ValueError(f"--weights {fmt.label} runs on the CPU with fp32 activations; got {dtype} on {device}")
     config, t = checkpoint.config, checkpoint.tensors
     with torch.device("meta"):
         model = LlamaModel(config)
-    model = model.to_empty(device=device)
 
     used: set[str] = set()
 
@@ -42,29 +77,50 @@ def build_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, devi
             raise ModelLoadError(f"{checkpoint.source}: missing tensor {name!r}")
         return t[name]
 
-    state: dict[str, torch.Tensor] = {
-        "embed_tokens.weight": take("model.embed_tokens.weight"),
-        "norm.weight": take("model.norm.weight"),
-    }
-    if not config.tie_word_embeddings:
-        state["lm_head.weight"] = take("lm_head.weight")
-    for i in range(config.num_layers):
+    def check(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        if tuple(tensor.shape) != tuple(shape):
+            raise ModelLoadError(
+                f"{checkpoint.source}: tensor {name} has shape {tuple(tensor.shape)}, config implies {tuple(shape)}"
+            )
+        return tensor.to(device=device, dtype=dtype)
+
+    def set_param(module: nn.Module, attr: str, name: str, tensor: torch.Tensor) -> None:
+        value = check(name, tensor, getattr(module, attr).shape)
+        setattr(module, attr, nn.Parameter(value, requires_grad=False))
+
+    def set_linear(
+        parent: nn.Module, attr: str, name: str, weight: torch.Tensor, bias: torch.Tensor | None = None,
+        head_format: WeightFormat | None = None,
+    ) -> None:
+        meta = getattr(parent, attr)
+        weight = check(name, weight, meta.weight.shape)
+        if bias is not None:
+            bias = check(name.replace("weight", "bias"), bias, meta.bias.shape)
+        setattr(parent, attr, make_linear(weight, bias, head_format or fmt))
+
+    set_param(model.embed_tokens, "weight", "model.embed_tokens.weight", take("model.embed_tokens.weight"))
+    set_param(model.norm, "weight", "model.norm.weight", take("model.norm.weight"))
+    for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
-        attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
-        state[f"layers.{i}.input_layernorm.weight"] = take(p + "input_layernorm.weight")
-        state[f"layers.{i}.post_attention_layernorm.weight"] = take(p + "post_attention_layernorm.weight")
-        state[attn + "qkv_proj.weight"] = torch.cat(
-            [take(p + f"self_attn.{x}_proj.weight") for x in "qkv"], dim=0
-        )
-        if config.attention_bias:
-            state[attn + "qkv_proj.bias"] = torch.cat([take(p + f"self_attn.{x}_proj.bias") for x in "qkv"], dim=0)
-        state[attn + "o_proj.weight"] = take(p + "self_attn.o_proj.weight")
-        if config.attention_output_bias:
-            state[attn + "o_proj.bias"] = take(p + "self_attn.o_proj.bias")
-        state[mlp + "gate_up_proj.weight"] = torch.cat(
-            [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")], dim=0
-        )
-        state[mlp + "down_proj.weight"] = take(p + "mlp.down_proj.weight")
+        set_param(layer.input_layernorm, "weight", p + "input_layernorm.weight", take(p + "input_layernorm.weight"))
+        set_param(layer.post_attention_layernorm, "weight", p + "post_attention_layernorm.weight",
+                  take(p + "post_attention_layernorm.weight"))
+        qkv = torch.cat([take(p + f"self_attn.{x}_proj.weight") for x in "qkv"], dim=0)
+        qkv_bias = (torch.cat([take(p + f"self_attn.{x}_proj.bias") for x in "qkv"], dim=0)
+                    if config.attention_bias else None)
+        set_linear(layer.self_attn, "qkv_proj", p + "self_attn.qkv_proj.weight", qkv, qkv_bias)
+        o_bias = take(p + "self_attn.o_proj.bias") if config.attention_output_bias else None
+        set_linear(layer.self_attn, "o_proj", p + "self_attn.o_proj.weight", take(p + "self_attn.o_proj.weight"), o_bias)
+        gate_up = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")], dim=0)
+        set_linear(layer.mlp, "gate_up_proj", p + "mlp.gate_up_proj.weight", gate_up)
+        set_linear(layer.mlp, "down_proj", p + "mlp.down_proj.weight", take(p + "mlp.down_proj.weight"))
+        del qkv, qkv_bias, gate_up
+    if config.tie_word_embeddings and fmt.name == "fp32":
+        model.lm_head.weight = model.embed_tokens.weight
+    else:  # a quantized head keeps its own copy; the embedding lookup stays exact fp32
+        head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
+        weight = model.embed_tokens.weight if config.tie_word_embeddings else take(head)
+        set_linear(model, "lm_head", head, weight, head_format=head_format(fmt))
     ignorable = ("lm_head.weight",) if config.tie_word_embeddings else ()
     unused = sorted(k for k in t if k not in used and k not in ignorable and not k.endswith("rotary_emb.inv_freq"))
     if unused:
@@ -73,14 +129,8 @@ def build_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, devi
             f"{checkpoint.source}: tensors speclm's {config.architecture} model does not use: "
             f"{', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''} (unsupported model feature)"
         )
-    expected = {k: v.shape for k, v in model.state_dict().items() if k not in ("lm_head.weight",) or not config.tie_word_embeddings}
-    for name, tensor in state.items():
-        if tuple(tensor.shape) != tuple(expected[name]):
-            raise ModelLoadError(
-                f"{checkpoint.source}: tensor {name} has shape {tuple(tensor.shape)}, config implies {tuple(expected[name])}"
-            )
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
     model.rotary = type(model.rotary)(config).to(device)  # buffers were on meta
+    left = [n for n, x in itertools.chain(model.named_parameters(), model.named_buffers()) if x.is_meta]
+    assert not left, f"build_model left tensors unset: {left}"
+    model.weight_format = fmt
     return model.eval()

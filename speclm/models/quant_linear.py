@@ -1,0 +1,212 @@
+"""Runtime weight formats for linear layers: bf16, int8 per output channel, int4 group-wise."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+WEIGHTS_HELP = "fp32 | bf16 | int8 | int4 | int4:GROUP (GROUP in 32, 64, 128, 256; default 32)"
+# The quantized kernels below are fast with bf16 activations and 5-20x slower with fp32 ones on
+# this torch build (measured), so every non-fp32 format computes its matmul in bf16.
+COMPUTE_DTYPE = torch.bfloat16
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """A parsed --weights value: the format name and, for int4, the quantization group size."""
+
+    name: str = "fp32"
+    group_size: int = 32
+
+    def __post_init__(self) -> None:
+        if self.name not in WEIGHT_FORMATS:
+            raise ValueError(f"unknown weight format {self.name!r}; expected {WEIGHTS_HELP}")
+        if self.group_size not in INT4_GROUP_SIZES:
+            raise ValueError(f"int4 group size must be one of {INT4_GROUP_SIZES}, got {self.group_size}")
+
+    @classmethod
+    def parse(cls, value: "str | WeightFormat | None") -> "WeightFormat":
+        if value is None:
+            return cls()
+        if isinstance(value, WeightFormat):
+            return value
+        name, _, group = str(value).strip().lower().partition(":")
+        if group and name != "int4":
+            raise ValueError(f"only int4 takes a group size (int4:64); got {value!r}")
+        if group and not group.isdigit():
+            raise ValueError(f"int4 group size must be an integer, got {value!r}")
+        return cls(name, int(group) if group else 32)
+
+    @property
+    def label(self) -> str:
+        return f"int4:{self.group_size}" if self.name == "int4" and self.group_size != 32 else self.name
+
+
+# -- quantizers (pure functions on fp32 [out, in] weights) ---------------------------------------
+ROW_CHUNK = 4096  # quantize this many output rows at a time: bounds the fp32 temporaries (peak RSS)
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output channel: (q int8 [out, in], scales [out]) with w ~= q * scale.
+    Scales are rounded to the compute dtype first so that q is chosen for the scale actually used."""
+    if weight.shape[0] > ROW_CHUNK:
+        parts = [quantize_int8(chunk) for chunk in weight.split(ROW_CHUNK)]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    absmax = weight.abs().amax(dim=1).clamp(min=1e-12)
+    scales = (absmax / 127.0).to(COMPUTE_DTYPE).float()
+    q = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scales
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric int4 per group of `group_size` inputs: (q uint8 in 0..15 [out, in], scales, mins
+    [out, in/group]) with w ~= q * scale + min.
+
+    For weights that came from GGUF Q4_1 (group 32, w = d*q + m with q spanning 0..15 in every
+    block) the grid found is the file's own (d, m), so the only loss is rounding d and m to the
+    bf16 the kernel stores; q is then re-chosen as the nearest point of that rounded grid."""
+    out_features, in_features = weight.shape
+    if out_features > ROW_CHUNK and in_features % group_size == 0:
+        parts = [quantize_int4(chunk, group_size) for chunk in weight.split(ROW_CHUNK)]
+        return tuple(torch.cat([p[i] for p in parts]) for i in range(3))
+    if in_features % group_size:
+        raise ValueError(
+            f"int4 group size {group_size} does not divide the layer's input size {in_features}; "
+            "use a smaller --weights int4:GROUP"
+        )
+    groups = weight.reshape(out_features, in_features // group_size, group_size)
+    lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)  # [out, groups]
+    scales = ((hi - lo) / 15.0).clamp(min=1e-12)
+    # The kernel stores scale and zero = min + 8*scale in bf16; quantize against those values.
+    scales = scales.to(COMPUTE_DTYPE).float()
+    zeros = (lo + 8 * scales).to(COMPUTE_DTYPE).float()
+    mins = zeros - 8 * scales
+    q = torch.round((groups - mins[..., None]) / scales[..., None]).clamp_(0, 15).to(torch.uint8)
+    return q.reshape(out_features, in_features), scales, mins
+
+
+# -- runtime modules -------------------------------------------------------------------------------
+class QuantizedLinear(nn.Module):
+    """Base of the non-fp32 linear layers: bf16 matmul, fp32 in and out, optional fp32 bias."""
+
+    def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x [n, in] bf16 -> [n, out] bf16
+        raise NotImplementedError
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The fp32 [out, in] weight this layer computes with: the reference for its correctness."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.matmul(x.to(COMPUTE_DTYPE)).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class BF16Linear(QuantizedLinear):
+    """Weights stored in bf16 (half the bytes of fp32), matmul in bf16."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__(weight.shape[1], weight.shape[0], bias)
+        self.register_buffer("weight", weight.detach().to(COMPUTE_DTYPE).contiguous())
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return self.weight.float()
+
+
+class Int8Linear(QuantizedLinear):
+    """int8 weight-only, one scale per output channel (torch's _weight_int8pack_mm)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__(weight.shape[1], weight.shape[0], bias)
+        q, scales = quantize_int8(weight.detach().float())
+        self.register_buffer("weight", q.contiguous())  # [out, in] int8
+        self.register_buffer("scales", scales.to(COMPUTE_DTYPE))  # [out]
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return self.weight.float() * self.scales.float()[:, None]
+
+
+class Int4Linear(QuantizedLinear):
+    """int4 weight-only, asymmetric per group of inputs (torch's _weight_int4pack_mm_for_cpu)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, group_size: int = 32) -> None:
+        super().__init__(weight.shape[1], weight.shape[0], bias)
+        if self.out_features % 16:
+            raise ValueError(
+                f"int4 needs a layer's output size to be a multiple of 16 (torch's int4 packing); "
+                f"got {self.out_features}: use --weights int8 or bf16 for this model"
+            )
+        self.group_size = group_size
+        q, scales, mins = quantize_int4(weight.detach().float(), group_size)
+        zeros = mins + 8 * scales  # the kernel computes (q - 8) * scale + zero
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+        self.register_buffer("weight", packed)
+        # [in/group, out, 2]: the kernel's layout of (scale, zero) pairs
+        self.register_buffer("scales_and_zeros", torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(COMPUTE_DTYPE))
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight, self.group_size, self.scales_and_zeros)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        # The kernel's fp32 path on the identity: exactly the stored grid, without re-deriving the packing.
+        eye = torch.eye(self.in_features)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.weight, self.group_size, self.scales_and_zeros.float())
+        return out.t().contiguous()
+
+
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: WeightFormat) -> nn.Module:
+    """A linear layer in format `fmt` computing x @ weight.T + bias (weight [out, in])."""
+    if fmt.name == "fp32":
+        layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+        layer.weight = nn.Parameter(weight.detach(), requires_grad=False)  # dtype kept as given
+        if bias is not None:
+            layer.bias = nn.Parameter(bias.detach(), requires_grad=False)
+        return layer
+    if fmt.name == "bf16":
+        return BF16Linear(weight, bias)
+    if fmt.name == "int8":
+        return Int8Linear(weight, bias)
+    return Int4Linear(weight, bias, fmt.group_size)
+
+
+def head_format(fmt: WeightFormat) -> WeightFormat:
+    """The lm_head's format under `fmt`: int4 models keep an int8 head. GGUF heads/embeddings are
+    usually Q8_0, and int4 loses them (measured on SmolLM2-135M: argmax agreement with fp32 0.83
+    with an int4 head vs 0.98 with int8), while the head is only ~20% of the bytes per token."""
+    return WeightFormat("int8") if fmt.name == "int4" else fmt
+
+
+def convert_linear_layers(model: nn.Module, weights: "str | WeightFormat", include_lm_head: bool = True) -> nn.Module:
+    """Replace every nn.Linear of `model` (in place) by the runtime format `weights`, one at a time
+    so that only one fp32 weight is alive beyond the model's own. The lm_head is converted too
+    (its weight may be tied to the embedding, which keeps its fp32 table for exact lookups)."""
+    fmt = WeightFormat.parse(weights)
+    if fmt.name == "fp32":
+        return model
+    targets = [
+        (name, module) for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and (include_lm_head or not name.endswith("lm_head"))
+    ]
+    for name, module in targets:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        layer_format = head_format(fmt) if name.endswith("lm_head") else fmt
+        setattr(parent, attr, make_linear(module.weight.data, None if module.bias is None else module.bias.data, layer_format))
+    return model
