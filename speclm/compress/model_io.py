@@ -63,5 +63,7 @@ def model_to_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
 
 
 def rebuild(checkpoint: Checkpoint) -> LlamaModel:
-    """A fresh fp32 model for the checkpoint (the compression algorithms edit it in place)."""
-    return build_model(checkpoint)
+    """A fresh fp32 model for the checkpoint, on copies of its tensors: build_model assigns the
+    checkpoint's tensors as parameters, and the compression algorithms edit parameters in place."""
+    copies = {k: v.clone() for k, v in checkpoint.tensors.items()}
+    return build_model(Checkpoint(checkpoint.config, copies, checkpoint.source, checkpoint.metadata))

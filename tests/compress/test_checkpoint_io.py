@@ -112,3 +112,11 @@ def test_user_mistakes_are_one_line_errors(capsys):
     assert main(["eval", "ppl", "--model", STORIES_MODEL, "--tokenizer", STORIES_TOKENIZER, "--text", SPECBENCH,
                  "--categories", "nonexistent"]) == 2
     assert "no text selected" in capsys.readouterr().err
+
+
+def test_compressing_a_rebuilt_model_leaves_the_checkpoint_untouched(stories):
+    checkpoint, _ = stories
+    before = {k: v.clone() for k, v in checkpoint.tensors.items()}
+    quantize_model(rebuild(checkpoint), QuantizeOptions("rtn-int4"))
+    for name, t in before.items():
+        assert torch.equal(checkpoint.tensors[name], t), name
