@@ -22,6 +22,7 @@ def parse_pattern(value: str | None) -> tuple[int, int]:
 
 def register(sub) -> None:
     from speclm.compress.prune import METHODS
+    from speclm.compress.structured import STRUCTURED_METHODS
 
     p = sub.add_parser(
         "prune",
@@ -29,7 +30,9 @@ def register(sub) -> None:
         description="Zero weights of the decoder Linear layers (embeddings, norms and the head are kept) and write "
         "a float model directory that speclm and transformers load. Prints the achieved sparsity.",
     )
-    p.add_argument("--method", required=True, choices=METHODS, help="magnitude (per layer), magnitude-global, wanda, sparsegpt")
+    p.add_argument("--method", required=True, choices=METHODS + STRUCTURED_METHODS,
+                   help="unstructured/N:M: magnitude (per layer), magnitude-global, wanda, sparsegpt; structured "
+                   "(shrinks the tensors; --sparsity is the fraction of units removed): mlp-channels, attention-heads")
     p.add_argument("--sparsity", type=float, default=0.5, help="fraction of weights to zero (default 0.5)")
     p.add_argument("--pattern", default=None, metavar="N:M", help="semi-structured: zero N of every M inputs (e.g. 2:4)")
     add_compress_args(p)
@@ -41,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     from speclm.compress.prune import CALIBRATED, PruneOptions, prune_model
     from speclm.compress.save import save_checkpoint
 
+    if args.method in ("mlp-channels", "attention-heads"):
+        return run_structured(args)
     n, m = parse_pattern(args.pattern)
     options = PruneOptions(args.method, args.sparsity, n, m)
     if args.threads:
@@ -53,4 +58,27 @@ def run(args: argparse.Namespace) -> int:
                 "source": checkpoint.source, "calibration": calib_info}
     save_checkpoint(args.out, checkpoint.config, model_to_tensors(model), tokenizer, metadata)
     print(json.dumps({"out": args.out, "method": options.label, "sparsity": round(sparsity, 6)}))
+    return 0
+
+
+def run_structured(args: argparse.Namespace) -> int:
+    from speclm.compress.model_io import load_with_tokenizer, rebuild
+    from speclm.compress.save import save_checkpoint
+    from speclm.compress.structured import prune_structured
+
+    if args.pattern:
+        raise ValueError(f"--pattern does not apply to {args.method}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    checkpoint, tokenizer = load_with_tokenizer(args.model, args.tokenizer)
+    windows, calib_info = calibration_from_args(args, tokenizer)
+    before = sum(t.numel() for t in checkpoint.tensors.values())
+    pruned = prune_structured(checkpoint, rebuild(checkpoint), args.method, args.sparsity, windows)
+    after = sum(t.numel() for t in pruned.tensors.values())
+    c = pruned.config
+    metadata = {"pruning": {"method": args.method, "fraction": args.sparsity, "parameters_before": before,
+                            "parameters_after": after}, "source": checkpoint.source, "calibration": calib_info}
+    save_checkpoint(args.out, c, pruned.tensors, tokenizer, metadata)
+    print(json.dumps({"out": args.out, "method": args.method, "parameters_before": before, "parameters_after": after,
+                      "intermediate_size": c.intermediate_size, "num_heads": c.num_heads, "num_kv_heads": c.num_kv_heads}))
     return 0
