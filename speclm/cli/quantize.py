@@ -27,6 +27,8 @@ def register(sub) -> None:
     p.add_argument("--act-order", action="store_true", help="GPTQ: quantize columns by descending Hessian diagonal")
     p.add_argument("--percdamp", type=float, default=0.01, help="GPTQ: Hessian dampening, fraction of its mean diagonal")
     p.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant migration strength in [0, 1] (default 0.5)")
+    p.add_argument("--kv-cache-int8", action="store_true",
+                   help="also calibrate static int8 KV-cache scales per layer and KV head (needs --calib-text)")
     add_compress_args(p)
     p.set_defaults(run=run)
 
@@ -45,8 +47,18 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     checkpoint, tokenizer = load_with_tokenizer(args.model, args.tokenizer)
-    windows, calib_info = calibration_from_args(args, tokenizer) if options.needs_calibration else (None, {})
+    needs_text = options.needs_calibration or args.kv_cache_int8
+    windows, calib_info = calibration_from_args(args, tokenizer) if needs_text else (None, {})
     result = quantize_model(rebuild(checkpoint), options, windows)
+    if args.kv_cache_int8:
+        from speclm.compress.kv_calibration import calibrate_kv_scales, kv_scale_tensors
+
+        if windows is None:
+            raise ValueError("--kv-cache-int8 needs calibration text (--calib-text)")
+        result.tensors.update(kv_scale_tensors(calibrate_kv_scales(result.model, windows)))
+        result.quantization_config["kv_cache"] = {
+            "dtype": "int8", "scheme": "symmetric, static per layer and KV head (keys after RoPE)",
+            "tensors": "model.layers.N.self_attn.k_scale / v_scale [kv_heads]"}
     metadata = {"quantization": result.quantization_config, "source": checkpoint.source, "calibration": calib_info}
     save_checkpoint(args.out, checkpoint.config, result.tensors, tokenizer, metadata, result.quantization_config)
     print(f"wrote {args.method} checkpoint to {args.out}")

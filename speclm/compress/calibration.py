@@ -31,10 +31,22 @@ class LayerwiseCalibration:
             self.hidden = [model.embed_tokens(w) for w in windows]  # each [seq_len, hidden]
         self.seq_len = seq_len
 
-    def _run_layer(self, layer: DecoderLayer, x: torch.Tensor) -> torch.Tensor:
+    def _run_layer(self, layer: DecoderLayer, x: torch.Tensor, kv_absmax: torch.Tensor | None = None) -> torch.Tensor:
         cache = self.model.new_cache(self.seq_len, num_layers=1)  # scratch: each window starts empty
         k_cache, v_cache = cache.layer(0)
-        return layer(x, self.cos, self.sin, k_cache, v_cache, AttentionMetadata(0, self.seq_len))
+        out = layer(x, self.cos, self.sin, k_cache, v_cache, AttentionMetadata(0, self.seq_len))
+        if kv_absmax is not None:  # [2, kv_heads]: running max |K| (after RoPE) and |V| per KV head
+            kv_absmax[0] = torch.maximum(kv_absmax[0], k_cache.abs().amax(dim=(1, 2)))
+            kv_absmax[1] = torch.maximum(kv_absmax[1], v_cache.abs().amax(dim=(1, 2)))
+        return out
+
+    @torch.no_grad()
+    def kv_absmax(self, layer: DecoderLayer) -> torch.Tensor:
+        """Max |key| and |value| per KV head over the calibration windows: [2, kv_heads]."""
+        absmax = torch.zeros(2, self.model.config.num_kv_heads)
+        for x in self.hidden:
+            self._run_layer(layer, x, absmax)
+        return absmax
 
     @torch.no_grad()
     def capture(self, layer: DecoderLayer, names: tuple[str, ...] = LINEAR_NAMES) -> dict[str, torch.Tensor]:
