@@ -24,20 +24,20 @@ from speclm.compress.quantize import QuantizeOptions, quantize_model
 from speclm.compress.smoothquant import apply_activation_quant
 
 EVAL_CATEGORIES = ["summarization"]  # evaluate on the articles; calibrate on every other category
-CONFIGS = [  # (label, kind, method, extra)
+CONFIGS = [  # (label, kind, method, extra), in priority order: a run cut short keeps the key comparisons
     ("fp32", "none", None, {}),
-    ("RTN int8 (per channel)", "quantize", "rtn-int8", {}),
     ("RTN int4 (g128)", "quantize", "rtn-int4", {}),
     ("GPTQ int4 (g128)", "quantize", "gptq-int4", {}),
     ("AWQ int4 (g128)", "quantize", "awq-int4", {}),
-    ("SmoothQuant W8A8", "quantize", "smoothquant-w8a8", {}),
-    ("FP8 E4M3 (per channel)", "quantize", "fp8-e4m3", {}),
     ("magnitude 50%", "prune", "magnitude", {"sparsity": 0.5}),
     ("Wanda 50%", "prune", "wanda", {"sparsity": 0.5}),
     ("SparseGPT 50%", "prune", "sparsegpt", {"sparsity": 0.5}),
+    ("RTN int8 (per channel)", "quantize", "rtn-int8", {}),
+    ("SmoothQuant W8A8", "quantize", "smoothquant-w8a8", {}),
     ("magnitude 2:4", "prune", "magnitude", {"pattern": "2:4"}),
     ("Wanda 2:4", "prune", "wanda", {"pattern": "2:4"}),
     ("SparseGPT 2:4", "prune", "sparsegpt", {"pattern": "2:4"}),
+    ("FP8 E4M3 (per channel)", "quantize", "fp8-e4m3", {}),
     ("RTN int3 (g128)", "quantize", "rtn-int3", {}),
     ("GPTQ int3 (g128)", "quantize", "gptq-int3", {}),
     ("AWQ int3 (g128)", "quantize", "awq-int3", {}),

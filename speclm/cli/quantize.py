@@ -27,6 +27,8 @@ def register(sub) -> None:
     p.add_argument("--act-order", action="store_true", help="GPTQ: quantize columns by descending Hessian diagonal")
     p.add_argument("--percdamp", type=float, default=0.01, help="GPTQ: Hessian dampening, fraction of its mean diagonal")
     p.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant migration strength in [0, 1] (default 0.5)")
+    p.add_argument("--qat-steps", type=int, default=50, help="qat-*: training windows, one AdamW step each (default 50)")
+    p.add_argument("--qat-lr", type=float, default=1e-4, help="qat-*: learning rate (default 1e-4)")
     p.add_argument("--kv-cache-int8", action="store_true",
                    help="also calibrate static int8 KV-cache scales per layer and KV head (needs --calib-text)")
     add_compress_args(p)
@@ -42,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--alpha must be in [0, 1], got {args.alpha}")
     if not 0 < args.percdamp < 1:
         raise ValueError(f"--percdamp must be in (0, 1), got {args.percdamp}")
-    options = QuantizeOptions(args.method, args.group_size, args.sym, args.act_order, args.percdamp, args.alpha)
+    options = QuantizeOptions(args.method, args.group_size, args.sym, args.act_order, args.percdamp, args.alpha,
+                              args.qat_steps, args.qat_lr, args.seed)
     options.scheme() if options.algorithm != "fp8" else None  # validate before loading
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -24,11 +24,12 @@ METHODS = {
     "gptq-int3": ("gptq", 3, 128, False),
     "awq-int4": ("awq", 4, 128, False),
     "awq-int3": ("awq", 3, 128, False),
+    "qat-int4": ("qat", 4, 128, False),
     "smoothquant-w8a8": ("smoothquant", 8, 0, True),
     "fp8-e4m3": ("fp8", "e4m3", 0, True),
     "fp8-e5m2": ("fp8", "e5m2", 0, True),
 }
-CALIBRATED = ("gptq", "awq", "smoothquant")
+CALIBRATED = ("gptq", "awq", "smoothquant", "qat")
 
 
 @dataclass
@@ -41,6 +42,9 @@ class QuantizeOptions:
     act_order: bool = False
     percdamp: float = 0.01
     alpha: float = 0.5  # SmoothQuant migration strength
+    qat_steps: int = 50  # QAT: training windows (one optimizer step each)
+    qat_lr: float = 1e-4
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -84,7 +88,11 @@ def quantize_model(model: LlamaModel, options: QuantizeOptions, windows: torch.T
         return _quantize_fp8(model, METHODS[options.method][1])
     scheme = options.scheme()
     quantized: dict[tuple[int, str], QuantizedWeight] = {}
-    if algorithm == "rtn":
+    if algorithm == "qat":
+        from speclm.compress.qat import quantization_aware_training
+
+        quantization_aware_training(model, windows, scheme, options.qat_steps, options.qat_lr, options.seed)
+    if algorithm in ("rtn", "qat"):
         for i, layer in enumerate(model.layers):
             for name in LINEAR_NAMES:
                 module = layer.get_submodule(name)
@@ -134,6 +142,8 @@ def _int_config(model: LlamaModel, options: QuantizeOptions, scheme: QuantScheme
            "in_features": _in_features(model), "modules": "decoder linears (q,k,v,o,gate,up,down)"}
     if options.algorithm == "gptq":
         cfg.update(act_order=options.act_order, percdamp=options.percdamp)
+    if options.algorithm == "qat":
+        cfg.update(qat_steps=options.qat_steps, qat_lr=options.qat_lr)
     if options.algorithm == "smoothquant":
         cfg.update(alpha=options.alpha, act_bits=8, act_granularity="per-token dynamic symmetric")
     return cfg
