@@ -50,7 +50,8 @@ def cli_command(kind: str, method: str | None, extra: dict, a: argparse.Namespac
     ev = (f"speclm eval ppl --model {{}} --text {a.text} --categories {','.join(EVAL_CATEGORIES)} "
           f"--seq-len {a.seq_len} --max-windows {a.eval_windows}")
     if kind == "none":
-        return ev.format(a.model or "(default)") + (f" --tokenizer {a.tokenizer}" if a.tokenizer else "")
+        cmd = ev.format(a.model) if a.model else ev.replace("--model {} ", "")
+        return cmd + (f" --tokenizer {a.tokenizer}" if a.tokenizer else "")
     calib = (f" --calib-text {a.text} --calib-exclude-categories {','.join(EVAL_CATEGORIES)} "
              f"--calib-samples {a.calib_samples} --calib-seq-len {a.calib_seq_len} --seed {a.seed}")
     if kind == "quantize":
