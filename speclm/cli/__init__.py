@@ -4,10 +4,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from speclm.cli import bench, chat, generate, serve
+from speclm.cli import bench, chat, eval, generate, merge, prune, quantize, serve
 
 # Each module exposes register(subparsers) that adds its parser with set_defaults(run=...).
-COMMANDS = [generate, chat, bench, serve]
+COMMANDS = [generate, chat, serve, bench, eval, quantize, prune, merge]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -36,6 +36,12 @@ def load_hf_dir(path: str) -> Checkpoint:
             tensors.update(load_file(file))
         except (SafetensorError, OSError) as e:
             raise ModelLoadError(f"{file}: unreadable safetensors file: {e}") from e
+    qconfig = raw.get("quantization_config")
+    if qconfig:
+        # Quantized speclm checkpoints become fp32 here; a runtime with int8/int4/fp8 linears would keep them packed.
+        from speclm.compress.qformat import dequantize_tensors
+
+        tensors = dequantize_tensors(tensors, qconfig, path)
     tensors = {k: v.float() for k, v in tensors.items()}
     if config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)

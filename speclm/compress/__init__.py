@@ -1,0 +1,1 @@
+"""Offline compression: perplexity evaluation, quantization, pruning and merging of checkpoints."""

@@ -1,0 +1,104 @@
+"""Integer weight quantization schemes and round-to-nearest (RTN), per channel or group-wise.
+
+Every scheme stores unsigned integers q in [0, 2^bits - 1] with a scale and zero point per
+(output row, input group): w ~ (q - zero) * scale. Symmetric schemes fix zero = 2^(bits-1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """bits, group_size (0 = one group per output channel) and symmetric or asymmetric."""
+
+    bits: int
+    group_size: int = 0
+    sym: bool = True
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.bits <= 8:
+            raise ValueError(f"bits must be in 2..8, got {self.bits}")
+        if self.group_size < 0:
+            raise ValueError(f"group size must be >= 0 (0 = per channel), got {self.group_size}")
+
+    @property
+    def maxq(self) -> int:
+        return 2**self.bits - 1
+
+    def num_groups(self, in_features: int) -> int:
+        return 1 if self.group_size == 0 else -(-in_features // self.group_size)
+
+    def group_width(self, in_features: int) -> int:
+        return in_features if self.group_size == 0 else self.group_size
+
+    def to_dict(self) -> dict:
+        return {"bits": self.bits, "group_size": self.group_size, "sym": self.sym}
+
+
+def find_params(w: torch.Tensor, scheme: QuantScheme) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and zero [rows] for columns w [rows, cols] that share one group (min/max fit)."""
+    if scheme.sym:
+        absmax = w.abs().amax(dim=1).clamp(min=1e-8)
+        half = 2 ** (scheme.bits - 1)
+        return absmax / (half - 1), torch.full_like(absmax, float(half))
+    lo = w.amin(dim=1).clamp(max=0)  # keep 0 exactly representable (zero padding, pruned weights)
+    hi = w.amax(dim=1).clamp(min=0)
+    scale = ((hi - lo) / scheme.maxq).clamp(min=1e-8)
+    return scale, torch.round(-lo / scale).clamp(0, scheme.maxq)
+
+
+def group_params(w: torch.Tensor, scheme: QuantScheme) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and zero [rows, num_groups] fitted to every group of w [rows, cols]."""
+    width = scheme.group_width(w.shape[1])
+    params = [find_params(w[:, g : g + width], scheme) for g in range(0, w.shape[1], width)]
+    return torch.stack([s for s, _ in params], dim=1), torch.stack([z for _, z in params], dim=1)
+
+
+def expand(params: torch.Tensor, in_features: int, scheme: QuantScheme) -> torch.Tensor:
+    """Per-group params [rows, groups] repeated to one per column [rows, in_features]."""
+    return params.repeat_interleave(scheme.group_width(in_features), dim=1)[:, :in_features]
+
+
+def quantize_to_int(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
+    """Integers q [rows, cols] (uint8) for w with the given per-group params."""
+    s, z = expand(scale, w.shape[1], scheme), expand(zero, w.shape[1], scheme)
+    return torch.clamp(torch.round(w / s) + z, 0, scheme.maxq).to(torch.uint8)
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
+    """fp32 weights (q - zero) * scale, [rows, cols]."""
+    s, z = expand(scale, q.shape[1], scheme), expand(zero, q.shape[1], scheme)
+    return (q.float() - z) * s
+
+
+def quantize_column(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, maxq: int) -> torch.Tensor:
+    """Fake-quantize one column w [rows] with per-row scale and zero (used inside GPTQ's loop)."""
+    q = torch.clamp(torch.round(w / scale) + zero, 0, maxq)
+    return (q - zero) * scale
+
+
+@dataclass
+class QuantizedWeight:
+    """The integer form of one Linear weight: q [rows, cols] uint8, scale/zero [rows, groups]."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor
+    scheme: QuantScheme
+
+    def dequantize(self) -> torch.Tensor:
+        return dequantize(self.q, self.scale, self.zero, self.scheme)
+
+
+def rtn(w: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
+    """Round-to-nearest: fit min/max params per group, then round every weight independently."""
+    scale, zero = group_params(w.float(), scheme)
+    return QuantizedWeight(quantize_to_int(w.float(), scale, zero, scheme), scale, zero, scheme)
+
+
+def from_fake_quant(w_hat: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
+    """Integers for weights already on the grid (GPTQ's output): rounding recovers q exactly."""
+    return QuantizedWeight(quantize_to_int(w_hat, scale, zero, scheme), scale, zero, scheme)

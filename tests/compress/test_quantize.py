@@ -1,0 +1,122 @@
+"""RTN error bounds, storage round trips, and GPTQ/AWQ/SmoothQuant against their defining properties."""
+import pytest
+import torch
+
+from speclm.compress.awq import awq_scale_layer
+from speclm.compress.calibration import hessian
+from speclm.compress.gptq import gptq
+from speclm.compress.qformat import fp8_quantize, pack, unpack
+from speclm.compress.rtn import QuantScheme, expand, rtn
+from speclm.compress.smoothquant import fake_quantize_per_token, smooth_layer, smooth_scale
+from speclm.models.config import ModelConfig
+from speclm.models.layers import AttentionMetadata, DecoderLayer, RotaryEmbedding
+
+
+@pytest.mark.parametrize("bits,group,sym", [(8, 0, True), (4, 0, False), (4, 32, False), (4, 32, True), (3, 16, False)])
+def test_rtn_round_trip_error_is_at_most_half_a_step(bits, group, sym):
+    w = torch.randn(48, 96, generator=torch.Generator().manual_seed(bits + group)) * 0.05
+    qw = rtn(w, QuantScheme(bits, group, sym))
+    assert qw.q.dtype == torch.uint8 and int(qw.q.max()) <= 2**bits - 1
+    assert qw.scale.shape == (48, 1 if group == 0 else 96 // group)
+    err = (qw.dequantize() - w).abs()
+    step = expand(qw.scale, 96, qw.scheme)
+    assert bool((err <= step / 2 + 1e-6).all())
+    # and the step is what the range implies: (max - min) / (2^b - 1) asymmetric, absmax / (2^(b-1) - 1) symmetric
+    g = w[:, : (group or 96)]
+    expected = g.abs().amax(1) / (2 ** (bits - 1) - 1) if sym else (g.amax(1).clamp(min=0) - g.amin(1).clamp(max=0)) / (2**bits - 1)
+    torch.testing.assert_close(qw.scale[:, 0], expected)
+
+
+def test_int8_relative_error_is_small_and_int4_is_larger():
+    w = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
+    e8 = (rtn(w, QuantScheme(8)).dequantize() - w).norm() / w.norm()
+    e4 = (rtn(w, QuantScheme(4, 32, False)).dequantize() - w).norm() / w.norm()
+    assert e8 < 0.01 < e4 < 0.15
+
+
+def test_int4_packing_round_trips():
+    q = torch.randint(0, 16, (5, 12), dtype=torch.uint8)
+    packed = pack(q, 4)
+    assert packed.shape == (5, 6)
+    assert torch.equal(unpack(packed, 4, 12), q)
+
+
+@pytest.mark.parametrize("fmt,max_rel", [("e4m3", 0.07), ("e5m2", 0.13)])
+def test_fp8_round_trip_relative_error(fmt, max_rel):
+    w = torch.randn(32, 64, generator=torch.Generator().manual_seed(1))
+    w8, scale = fp8_quantize(w, fmt)
+    rel = ((w8.float() * scale - w).abs() / w.abs().clamp(min=1e-2)).max()
+    assert rel < max_rel  # 3 (e4m3) / 2 (e5m2) mantissa bits: relative step 2^-4 / 2^-3
+
+
+def correlated_inputs(n=2048, cin=128, rank=16, seed=0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, rank, generator=g) @ torch.randn(rank, cin, generator=g) + 0.1 * torch.randn(n, cin, generator=g)
+
+
+@pytest.mark.parametrize("scheme,act_order", [(QuantScheme(4, 0, True), False), (QuantScheme(4, 32, False), False),
+                                              (QuantScheme(4, 32, False), True), (QuantScheme(3, 32, False), False)])
+def test_gptq_beats_rtn_on_layer_reconstruction_with_correlated_inputs(scheme, act_order):
+    x = correlated_inputs()
+    w = torch.randn(64, 128, generator=torch.Generator().manual_seed(2))
+    qw = gptq(w, hessian(x), scheme, act_order=act_order)
+    err_gptq = (x @ (w - qw.dequantize()).T).pow(2).mean()
+    err_rtn = (x @ (w - rtn(w, scheme).dequantize()).T).pow(2).mean()
+    assert err_gptq < 0.5 * err_rtn, (err_gptq, err_rtn)
+    # GPTQ's output lies exactly on its stored grid
+    assert qw.q.dtype == torch.uint8 and int(qw.q.max()) <= scheme.maxq
+
+
+def tiny_layer(num_kv_heads: int) -> tuple[ModelConfig, DecoderLayer]:
+    config = ModelConfig("llama", vocab_size=32, hidden_size=64, intermediate_size=96, num_layers=1, num_heads=4,
+                         num_kv_heads=num_kv_heads)
+    torch.manual_seed(0)
+    layer = DecoderLayer(config)
+    with torch.no_grad():
+        layer.input_layernorm.weight.uniform_(0.5, 1.5)
+        layer.post_attention_layernorm.weight.uniform_(0.5, 1.5)
+    return config, layer
+
+
+def run_layer(config, layer, x):
+    cos, sin = RotaryEmbedding(config)(torch.arange(x.shape[0]))
+    k = torch.zeros(config.num_kv_heads, x.shape[0], config.head_dim)
+    v = torch.zeros_like(k)
+    with torch.no_grad():
+        return layer(x, cos, sin, k, v, AttentionMetadata(0, x.shape[0]))
+
+
+def capture(layer, config, x):
+    captured = {}
+    handles = [layer.get_submodule(n).register_forward_pre_hook(lambda _m, a, n=n: captured.__setitem__(n, a[0].clone()))
+               for n in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")]
+    run_layer(config, layer, x)
+    for h in handles:
+        h.remove()
+    return captured
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 2])
+def test_awq_and_smoothquant_scale_folding_leaves_the_fp32_layer_unchanged(num_kv_heads):
+    config, layer = tiny_layer(num_kv_heads)
+    x = torch.randn(24, 64) * torch.linspace(0.1, 8, 64)  # outlier channels
+    before = run_layer(config, layer, x)
+    inputs = capture(layer, config, x)
+    awq_scale_layer(layer, inputs, QuantScheme(4, 32, False))
+    torch.testing.assert_close(run_layer(config, layer, x), before, rtol=1e-4, atol=1e-4)
+    smooth_layer(layer, capture(layer, config, x), alpha=0.5)
+    torch.testing.assert_close(run_layer(config, layer, x), before, rtol=1e-4, atol=1e-4)
+
+
+def test_smoothquant_reduces_w8a8_error_with_an_outlier_channel():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 64, generator=g)
+    x[:, 3] *= 40  # one outlier channel, as in LLM activations
+    w = torch.randn(96, 64, generator=g) * 0.05
+    ref = x @ w.T
+
+    def w8a8_error(xs, ws):
+        return (fake_quantize_per_token(xs, 8) @ rtn(ws, QuantScheme(8)).dequantize().T - ref).pow(2).mean()
+
+    s = smooth_scale(x.abs().amax(dim=0), w, alpha=0.5)
+    assert w8a8_error(x / s, w * s) < 0.5 * w8a8_error(x, w)
