@@ -80,6 +80,10 @@ def test_chat_answers_piped_stdin(default_llm, capsys, monkeypatch):
     assert out == first.text + "\n" + second.text + "\n"
 
 
+# What each subcommand's --help must mention: its model option, or what it takes instead.
+HELP_MUST_MENTION = {"eval": "ppl", "merge": "--config"}
+
+
 @pytest.mark.parametrize("command", [m.__name__.rsplit(".", 1)[-1] for m in COMMANDS])
 def test_help_for_each_subcommand(command, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -87,7 +91,14 @@ def test_help_for_each_subcommand(command, capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith(f"usage: speclm {command}")
-    assert "--model" in out
+    assert HELP_MUST_MENTION.get(command, "--model") in out
+
+
+def test_eval_ppl_help_explains_its_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "ppl", "--help"])
+    out = capsys.readouterr().out
+    assert "--model" in out and "--text" in out and "--seq-len" in out
 
 
 def test_top_level_help_lists_commands(capsys):
