@@ -151,6 +151,20 @@ class AttentionMetadata:
         """Write the new keys/values at slots start.., attend over slots 0..end; [heads, num_tokens, head_dim]."""
         k_cache[:, self.start : self.end] = k
         v_cache[:, self.start : self.end] = v
+        gqa = q.shape[0] != k.shape[0]
+        if self.mask is None and self.start > 0 and self.num_tokens > 1:
+            # Verification rows: each attends with the very call plain decoding makes for that token
+            # (one query over its key prefix). SDPA over many query rows accumulates in another order,
+            # and with bf16 activations (int8/int4 weights) that difference flips greedy near-ties, so
+            # speculative output would drift from plain decoding. Costs K+1 small calls per layer.
+            rows = [
+                F.scaled_dot_product_attention(
+                    q[None, :, i : i + 1], k_cache[None, :, : self.start + i + 1], v_cache[None, :, : self.start + i + 1],
+                    enable_gqa=gqa,
+                )[0]
+                for i in range(self.num_tokens)
+            ]
+            return torch.cat(rows, dim=1)
         attn_mask, is_causal = self.sdpa_mask()
         return F.scaled_dot_product_attention(
             q.unsqueeze(0),
@@ -158,7 +172,7 @@ class AttentionMetadata:
             v_cache[:, : self.end].unsqueeze(0),
             attn_mask=attn_mask,
             is_causal=is_causal,
-            enable_gqa=q.shape[0] != k.shape[0],
+            enable_gqa=gqa,
         )[0]
 
 

@@ -54,23 +54,33 @@ DEFAULT_PARAMS = SamplingParams(max_tokens=64, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def default_prompts(default_llm, specbench_prompts):
-    return default_model_prompts(specbench_prompts, default_llm.tokenizer)
+def default_int4_llm():
+    """The default model with int4 weights: bf16 activations make batch-variant kernels visible (a
+    verification pass that computed attention differently from plain decoding diverged within ~40
+    tokens on most prompts), and it is the fastest format, which keeps this test cheap."""
+    from speclm import LLM
+
+    return LLM(weights="int4")
 
 
 @pytest.fixture(scope="module")
-def default_reference(default_llm, default_prompts):
-    return [default_llm.generate(ids, DEFAULT_PARAMS)[0].token_ids for ids in default_prompts]
+def default_prompts(default_int4_llm, specbench_prompts):
+    return default_model_prompts(specbench_prompts, default_int4_llm.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def default_reference(default_int4_llm, default_prompts):
+    return [default_int4_llm.generate(ids, DEFAULT_PARAMS)[0].token_ids for ids in default_prompts]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["ngram", "layerskip:8"])
-def test_default_model_speculative_greedy_equals_plain_greedy(default_llm, default_prompts, default_reference, method):
+def test_default_model_speculative_greedy_equals_plain_greedy(default_int4_llm, default_prompts, default_reference, method):
     """20 specbench prompts x 64 tokens; prompt i uses K = 1 + i % 8, so K = 1..8 are all covered."""
     prompts, reference, params = default_prompts, default_reference, DEFAULT_PARAMS
     drafted = 0
     for i, ids in enumerate(prompts):
-        llm = default_llm.with_spec(method, num_speculative_tokens=1 + i % 8, adaptive=False)
+        llm = default_int4_llm.with_spec(method, num_speculative_tokens=1 + i % 8, adaptive=False)
         out = llm.generate(ids, params)[0]
         assert out.token_ids == reference[i], (method, i)
         drafted += out.stats.drafted_tokens
