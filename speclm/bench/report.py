@@ -19,8 +19,10 @@ def markdown_table(summary: dict, methods: list[str], title: str, command: str, 
         f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
         f"({machine.get('torch_threads')} threads)",
         "",
-        "| category | method | prompts | tokens/s | speedup vs AR | tau | acceptance | per-position acceptance | greedy mismatches |",
-        "|---|---|---:|---:|---:|---:|---:|---|---:|",
+        "tokens/s and speedup count the whole request (prefill included); decode columns leave prefill out.",
+        "",
+        "| category | method | prompts | tokens/s | speedup vs AR | decode tokens/s | decode speedup | tau | acceptance | per-position acceptance | greedy mismatches |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     categories = sorted((c for c in summary if c != "overall")) + ["overall"]
     for category in categories:
@@ -30,10 +32,12 @@ def markdown_table(summary: dict, methods: list[str], title: str, command: str, 
                 continue
             per_pos = " ".join(f"{x:.2f}" for x in m["per_position_acceptance"]) or "-"
             speedup = f"{m['speedup']:.2f}x" if m.get("speedup") else "-"
+            decode_speedup = f"{m['decode_speedup']:.2f}x" if m.get("decode_speedup") else "-"
             acc = f"{100 * m['acceptance_rate']:.0f}%" if method != "ar" else "-"
             name = f"**{category}**" if category == "overall" else category
             lines.append(
                 f"| {name} | {method} | {m['prompts']} | {m['tokens_per_s']:.1f} | {speedup} | "
+                f"{m.get('decode_tokens_per_s', 0):.1f} | {decode_speedup} | "
                 f"{m['mean_accepted_length']:.2f} | {acc} | {per_pos} | {m['greedy_mismatches']} |"
             )
     return "\n".join(lines) + "\n"

@@ -98,6 +98,8 @@ def aggregate(records: list[dict], baseline: str = "ar") -> dict:
             "tokens": tokens,
             "seconds": seconds,
             "tokens_per_s": tokens / seconds if seconds else 0.0,
+            # Speculation can only shorten decoding; on long prompts prefill dominates the wall time.
+            "decode_tokens_per_s": tokens / decode if (decode := sum(r["decode_seconds"] for r in rows)) else 0.0,
             "mean_accepted_length": sum(r["decode_tokens"] for r in rows) / steps if steps else 1.0,
             "acceptance_rate": sum(r["accepted"] for r in rows) / drafted if drafted else 0.0,
             "per_position_acceptance": per_pos,
@@ -108,4 +110,6 @@ def aggregate(records: list[dict], baseline: str = "ar") -> dict:
         base = methods.get(baseline)
         for m in methods.values():
             m["speedup"] = m["tokens_per_s"] / base["tokens_per_s"] if base and base["tokens_per_s"] else None
+            m["decode_speedup"] = (m["decode_tokens_per_s"] / base["decode_tokens_per_s"]
+                                   if base and base["decode_tokens_per_s"] else None)
     return dict(table)

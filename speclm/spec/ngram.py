@@ -10,11 +10,13 @@ from speclm.spec.proposer import Proposal
 
 class NgramProposer:
     """Match the last n tokens (n from max_n down to min_n) against prompt + output so far and
-    propose the tokens that followed the latest match. Costs microseconds; no model involved."""
+    propose the tokens that followed the latest match. Costs microseconds; no model involved.
+    min_n defaults to 2: single-token matches are mostly coincidences whose drafts get rejected
+    (measured on SmolLM2 summarization/rag: decode 1.15x faster than AR with min_n=2, 1.01x with 1)."""
 
     name = "ngram"
 
-    def __init__(self, min_n: int = 1, max_n: int = 4) -> None:
+    def __init__(self, min_n: int = 2, max_n: int = 4) -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.min_n, self.max_n = min_n, max_n
