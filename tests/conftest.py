@@ -13,6 +13,18 @@ SPECBENCH = os.path.abspath(os.path.join(SHARED, "prompts", "specbench_dev.jsonl
 STORIES_GOLDEN = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park."
 
 
+@pytest.fixture
+def one_thread():
+    """Run a test on one torch thread: on the tiny models the thread pool costs more than it gives
+    (and far more when the 2 cores are shared). Opt in with pytest.mark.usefixtures("one_thread")."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def stories_llm():
     from speclm import LLM

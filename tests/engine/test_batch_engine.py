@@ -13,13 +13,7 @@ PROMPTS = ["", "Once upon a time", "Tom had a dog", "The sun was hot and the",
            "Lily and Ben went to the park. They saw a big"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # 2 shared cores: torch's thread pool costs more than it gives on this tiny model.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_engine(llm, **config) -> BatchEngine:

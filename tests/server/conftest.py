@@ -10,12 +10,8 @@ import torch
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    # 2 shared cores: torch's thread pool costs more than it gives on the small test models.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _tests_here_use_one_thread(one_thread):
     yield
-    torch.set_num_threads(before)
 
 
 @contextmanager
