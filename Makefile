@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: install
-	$(BIN)/speclm generate --chat --spec ngram --prompt "$(PROMPT)" --max-tokens 128
+	$(BIN)/speclm generate --chat --weights int4 --spec ngram --prompt "$(PROMPT)" --max-tokens 128
 
 test: install
 	$(BIN)/python -m pytest -q
