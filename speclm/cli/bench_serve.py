@@ -15,7 +15,6 @@ NOTE = ("The machine's 2 cores were shared with other agents' jobs during the ru
 
 def run_serve(args: argparse.Namespace) -> int:
     from speclm.bench.machine import machine_info
-    from speclm.bench.prompts import load_prompts
     from speclm.bench.report import output_paths, write_json
     from speclm.bench.serve_bench import markdown, run_level, serve_in_thread
     from speclm.cli.serve import build_app, cache_config
@@ -31,12 +30,7 @@ def run_serve(args: argparse.Namespace) -> int:
     config = cache_config(args)
     if max(levels) > config.max_num_seqs:
         print(f"note: concurrency above --max-num-seqs {config.max_num_seqs} queues requests", file=sys.stderr)
-    categories = args.categories.split(",") if args.categories else None
-    texts = [p["text"] for p in load_prompts(args.prompts, args.per_category or None, categories)]
-    args.spec = None
-    llm = load_llm(args)
-    prompts = [llm.tokenizer.encode(t) if args.no_chat else llm.tokenizer.encode_chat([{"role": "user", "content": t}])
-               for t in texts]
+    llm, prompts = load_llm_and_prompts(args)
     room = llm.model.config.max_position_embeddings - args.max_tokens
     if room < 1:
         raise ValueError(f"--max-tokens {args.max_tokens} leaves no room for a prompt in the model's context")
@@ -75,7 +69,6 @@ def run_kv(args: argparse.Namespace) -> int:
     import time
 
     from speclm.bench.machine import machine_info
-    from speclm.bench.prompts import load_prompts
     from speclm.bench.report import output_paths, write_json
     from speclm.cli.serve import cache_config
     from speclm.engine.batch_engine import BatchEngine
@@ -86,12 +79,7 @@ def run_kv(args: argparse.Namespace) -> int:
     config = cache_config(args)
     window = config.streaming_window
     config = dataclasses.replace(config, streaming_window=None)
-    categories = args.categories.split(",") if args.categories else None
-    texts = [p["text"] for p in load_prompts(args.prompts, args.per_category or None, categories)]
-    args.spec = None
-    llm = load_llm(args)
-    prompts = [llm.tokenizer.encode(t) if args.no_chat else llm.tokenizer.encode_chat([{"role": "user", "content": t}])
-               for t in texts]
+    llm, prompts = load_llm_and_prompts(args)
     room = llm.model.config.max_position_embeddings - args.max_tokens
     prompts = [p[-room:] for p in prompts]
     variants = {"auto": config, "int8": dataclasses.replace(config, kv_cache_dtype="int8")}
@@ -141,3 +129,16 @@ def run_kv(args: argparse.Namespace) -> int:
         f.write(table)
     print(table)
     return 0
+
+
+def load_llm_and_prompts(args: argparse.Namespace):
+    """The model (without speculation) and the selected benchmark prompts as token ids."""
+    from speclm.bench.prompts import load_prompts
+
+    categories = args.categories.split(",") if args.categories else None
+    texts = [p["text"] for p in load_prompts(args.prompts, args.per_category or None, categories)]
+    args.spec = None
+    llm = load_llm(args)
+    prompts = [llm.tokenizer.encode(t) if args.no_chat else llm.tokenizer.encode_chat([{"role": "user", "content": t}])
+               for t in texts]
+    return llm, prompts

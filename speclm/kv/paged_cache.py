@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from speclm.kv.quantized import Int8Slots
-from speclm.models.layers import AttentionMetadata
+from speclm.models.layers import AttentionMetadata, attend_like_decoding
 
 
 class PagedKVCache:
@@ -128,6 +128,11 @@ class PagedAttentionMetadata:
             out[:, self.single_rows] = single[:, :, 0].transpose(0, 1)
         for offset, e, slots in self.multi:
             n = len(e.tokens)
+            if e.num_logits > 1:  # verification rows: computed exactly as decoding would
+                out[:, offset : offset + n] = attend_like_decoding(
+                    q[:, offset : offset + n], k_cache[:, slots], v_cache[:, slots], gqa
+                )
+                continue
             attn_mask, is_causal = AttentionMetadata(len(e.slots) - n, n).sdpa_mask()  # causal over kept keys
             out[:, offset : offset + n] = F.scaled_dot_product_attention(
                 q[:, offset : offset + n].unsqueeze(0),

@@ -111,6 +111,28 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def attend_like_decoding(
+    q: torch.Tensor,  # [heads, n, head_dim]: the last n tokens of a sequence
+    keys: torch.Tensor,  # [kv_heads, length, head_dim]: all its keys, the n new ones last
+    values: torch.Tensor,
+    gqa: bool,
+) -> torch.Tensor:
+    """Causal attention for rows whose logits are checked against plain decoding (speculative
+    verification): each row attends with the very call plain decoding makes for that token, one
+    query over its key prefix. SDPA over many query rows accumulates in another order, and with bf16
+    activations (int8/int4 weights) that difference flips greedy near-ties, so speculative output
+    would drift from plain decoding. Costs n small calls per layer. Returns [heads, n, head_dim]."""
+    n, length = q.shape[1], keys.shape[1]
+    rows = [
+        F.scaled_dot_product_attention(
+            q[None, :, i : i + 1], keys[None, :, : length - n + i + 1], values[None, :, : length - n + i + 1],
+            enable_gqa=gqa,
+        )[0]
+        for i in range(n)
+    ]
+    return torch.cat(rows, dim=1)
+
+
 @dataclass
 class AttentionMetadata:
     """Where a forward pass's tokens go in the KV cache and what they may attend to.
@@ -152,19 +174,8 @@ class AttentionMetadata:
         k_cache[:, self.start : self.end] = k
         v_cache[:, self.start : self.end] = v
         gqa = q.shape[0] != k.shape[0]
-        if self.mask is None and self.start > 0 and self.num_tokens > 1:
-            # Verification rows: each attends with the very call plain decoding makes for that token
-            # (one query over its key prefix). SDPA over many query rows accumulates in another order,
-            # and with bf16 activations (int8/int4 weights) that difference flips greedy near-ties, so
-            # speculative output would drift from plain decoding. Costs K+1 small calls per layer.
-            rows = [
-                F.scaled_dot_product_attention(
-                    q[None, :, i : i + 1], k_cache[None, :, : self.start + i + 1], v_cache[None, :, : self.start + i + 1],
-                    enable_gqa=gqa,
-                )[0]
-                for i in range(self.num_tokens)
-            ]
-            return torch.cat(rows, dim=1)
+        if self.mask is None and self.start > 0 and self.num_tokens > 1:  # verification rows
+            return attend_like_decoding(q, k_cache[:, : self.end], v_cache[:, : self.end], gqa)
         attn_mask, is_causal = self.sdpa_mask()
         return F.scaled_dot_product_attention(
             q.unsqueeze(0),
