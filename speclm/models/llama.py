@@ -44,6 +44,18 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         """Hidden states after the final norm, [num_tokens, hidden]. `num_layers` runs a prefix of
         the layers only (self-speculation); the final norm is applied either way."""
+        return self.hidden_states(tokens, positions, cache, meta, num_layers)
+
+    def hidden_states(
+        self,
+        tokens: torch.Tensor,  # [num_tokens]
+        positions: torch.Tensor,  # [num_tokens]
+        cache: KVCache,
+        meta: AttentionMetadata,
+        num_layers: int | None = None,
+    ) -> torch.Tensor:
+        """`forward` without inference mode, so gradients flow (distillation trains through it
+        with a fresh cache and AttentionMetadata(0, n), which is plain causal attention)."""
         x = self.embed_tokens(tokens)
         cos, sin = self.rotary(positions)
         for i, layer in enumerate(self.layers[: num_layers or len(self.layers)]):
