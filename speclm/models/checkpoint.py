@@ -11,7 +11,8 @@ from torch import nn
 
 from speclm.models.config import ModelConfig
 from speclm.models.llama import LlamaModel
-from speclm.models.quant_linear import WeightFormat, head_format, make_linear
+from speclm.models.layers import RMSNorm
+from speclm.models.quant_linear import COMPUTE_DTYPE, WeightFormat, head_format, make_linear
 
 
 class ModelLoadError(ValueError):
@@ -130,6 +131,13 @@ def _build(checkpoint: Checkpoint, dtype: torch.dtype, device: str, fmt: WeightF
             f"{', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''} (unsupported model feature)"
         )
     model.rotary = type(model.rotary)(config).to(device)  # buffers were on meta
+    if fmt.name != "fp32":
+        # The quantized kernels take bf16 inputs: bf16 norm weights make every norm emit bf16, so the
+        # whole layer (attention, KV cache, MLP) runs in bf16 without per-linear casts; the residual
+        # stream and the embedding lookup stay fp32.
+        for module in model.modules():
+            if isinstance(module, RMSNorm):
+                module.weight = nn.Parameter(module.weight.detach().to(COMPUTE_DTYPE), requires_grad=False)
     left = [n for n, x in itertools.chain(model.named_parameters(), model.named_buffers()) if x.is_meta]
     assert not left, f"build_model left tensors unset: {left}"
     model.weight_format = fmt

@@ -20,10 +20,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        """Normalise in fp32; the result has the weight's dtype (bf16 weights give the bf16
+        activations the quantized formats compute in, without a separate cast)."""
+        if x.dtype != torch.float32:  # checked in Python: a no-op .float() still costs a dispatch
+            x = x.float()
+        x = F.rms_norm(x, x.shape[-1:], eps=self.eps)  # same arithmetic as x * rsqrt(mean(x^2) + eps)
+        return self.weight * (x if self.weight.dtype == torch.float32 else x.to(self.weight.dtype))
 
 
 def unscaled_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
@@ -87,6 +89,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("cos_table", torch.empty(0), persistent=False)
         self.register_buffer("sin_table", torch.empty(0), persistent=False)
+        self.register_buffer("signed_sin_table", torch.empty(0), persistent=False)
         self._grow(max(config.max_position_embeddings, 1) if config.max_position_embeddings <= 32768 else 4096)
 
     def _grow(self, length: int) -> None:
@@ -95,20 +98,25 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)  # [length, head_dim]
         self.cos_table = emb.cos() * self.attention_scaling
         self.sin_table = emb.sin() * self.attention_scaling
+        self._grow_signed()
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin for each position: [num_tokens, head_dim] each."""
+        """cos and signed sin (see apply_rope) for each position: [num_tokens, head_dim] each."""
         needed = int(positions.max()) + 1
         if needed > self.cos_table.shape[0]:
             self._grow(max(needed, 2 * self.cos_table.shape[0]))
-        return self.cos_table[positions], self.sin_table[positions]
+        return self.cos_table[positions], self.signed_sin_table[positions]
+
+    def _grow_signed(self) -> None:
+        half = self.sin_table.shape[-1] // 2
+        self.signed_sin_table = torch.cat([-self.sin_table[:, :half], self.sin_table[:, half:]], dim=-1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [heads, num_tokens, head_dim] by the half-split rotary convention."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [heads, num_tokens, head_dim] by the half-split rotary convention:
+    x*cos + [-x2, x1]*sin, written as x*cos + roll(x)*[-sin, sin] (the same products, bit for bit,
+    in 4 ops instead of 7: this runs twice per layer per decoded token)."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 def attend_like_decoding(
@@ -210,11 +218,10 @@ class Attention(nn.Module):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,  # or PagedAttentionMetadata (speclm.kv.paged_cache)
     ) -> torch.Tensor:
-        n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
-        q = apply_rope(q.view(n, self.num_heads, self.head_dim).transpose(0, 1), cos, sin)
-        k = apply_rope(k.view(n, self.num_kv_heads, self.head_dim).transpose(0, 1), cos, sin)
-        v = v.view(n, self.num_kv_heads, self.head_dim).transpose(0, 1)
+        n, h, kv = x.shape[0], self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x).view(n, h + 2 * kv, self.head_dim).transpose(0, 1)  # [heads + 2 kv, n, d]
+        qk = apply_rope(qkv[: h + kv], cos, sin)  # q and k rotated in one go
+        q, k, v = qk[:h], qk[h:], qkv[h + kv :]
         # The metadata knows the cache layout (one contiguous sequence, or paged slots of a batch).
         out = meta.attend(q, k, v, k_cache, v_cache)  # [heads, num_tokens, head_dim]
         return self.o_proj(out.transpose(0, 1).reshape(n, -1))

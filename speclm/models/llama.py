@@ -27,11 +27,17 @@ class LlamaModel(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
+    @property
+    def act_dtype(self) -> torch.dtype:
+        """The dtype the layers compute in (and the KV cache stores): the norms' weight dtype. fp32
+        models: fp32. Quantized formats: bf16 (their kernels' input), with an fp32 residual stream."""
+        return self.norm.weight.dtype
+
     def new_cache(self, capacity: int, num_layers: int | None = None) -> KVCache:
         """An empty KV cache for one sequence of up to `capacity` tokens."""
         c = self.config
-        p = self.embed_tokens.weight
-        return KVCache(num_layers or c.num_layers, c.num_kv_heads, c.head_dim, capacity, p.dtype, p.device)
+        device = self.embed_tokens.weight.device
+        return KVCache(num_layers or c.num_layers, c.num_kv_heads, c.head_dim, capacity, self.act_dtype, device)
 
     @torch.inference_mode()
     def forward(
@@ -57,7 +63,7 @@ class LlamaModel(nn.Module):
         """`forward` without inference mode, so gradients flow (distillation trains through it
         with a fresh cache and AttentionMetadata(0, n), which is plain causal attention)."""
         x = self.embed_tokens(tokens)
-        cos, sin = self.rotary(positions)
+        cos, sin = (t.to(self.act_dtype) for t in self.rotary(positions))
         for i, layer in enumerate(self.layers[: num_layers or len(self.layers)]):
             k_cache, v_cache = cache.layer(i)
             x = layer(x, cos, sin, k_cache, v_cache, meta)

@@ -106,8 +106,11 @@ class QuantizedLinear(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.matmul(x.to(COMPUTE_DTYPE)).to(x.dtype)
-        return y if self.bias is None else y + self.bias
+        """x in its dtype -> y in the same dtype. The model feeds bf16 activations, so no cast runs."""
+        y = self.matmul(x if x.dtype == COMPUTE_DTYPE else x.to(COMPUTE_DTYPE))
+        if self.bias is not None:
+            y = y + self.bias  # fp32 bias added to the exact bf16 product, as before
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
