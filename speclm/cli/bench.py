@@ -28,7 +28,9 @@ def register(sub) -> None:
     add_model_args(p)
     p.add_argument("--prompts", default=DEFAULT_PROMPTS, help=f"Spec-Bench style JSONL (default {DEFAULT_PROMPTS})")
     p.add_argument("--methods", default="ar,ngram",
-                   help="comma-separated: ar, ngram, ngram:MAX_N, layerskip:N, draft:PATH (default ar,ngram)")
+                   help="comma-separated: ar, ngram, ngram:MAX_N, layerskip:N, draft:PATH, medusa:PATH[,width=W], "
+                   "eagle:PATH[,topk=T,beam=B,depth=D] (a key=value item is an option of the method before it; "
+                   "default ar,ngram)")
     p.add_argument("--per-category", type=int, default=5, help="prompts per category (default 5; 0 = all)")
     p.add_argument("--categories", default=None, help="comma-separated categories to keep (default all)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         if args.name == "spec_bench":
             args.name = "runtime"
         return write_compare(args, load_prompts(args.prompts, args.per_category or None, categories))
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = split_methods(args.methods)
     if not methods:
         raise ValueError("--methods is empty")
     if "ar" not in methods:
@@ -133,3 +135,15 @@ def run(args: argparse.Namespace) -> int:
     print(table)
     print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}", file=sys.stderr)
     return 0
+
+
+def split_methods(value: str) -> list[str]:
+    """--methods items; `key=value` items are options of the method before them
+    ("ar,eagle:DIR,topk=1" -> ["ar", "eagle:DIR,topk=1"])."""
+    methods: list[str] = []
+    for item in (m.strip() for m in value.split(",")):
+        if "=" in item and ":" not in item and methods:
+            methods[-1] += "," + item
+        elif item:
+            methods.append(item)
+    return methods
