@@ -22,9 +22,10 @@ def register(sub) -> None:
         "`speclm bench serve`: start the HTTP server in-process and measure throughput and TTFT / inter-token "
         "latency p50/p99 at each --concurrency level (JSON + markdown, default name serve).",
     )
-    p.add_argument("mode", nargs="?", choices=["spec", "serve", "kv"], default="spec",
+    p.add_argument("mode", nargs="?", choices=["spec", "serve", "kv", "tree"], default="spec",
                    help="spec (default): decoding methods; serve: the batched HTTP server; "
-                   "kv: int8 vs full-precision KV cache (memory, greedy agreement, speed)")
+                   "kv: int8 vs full-precision KV cache (memory, greedy agreement, speed); "
+                   "tree: cost of a token-tree verification pass vs a one-token pass, by node count")
     add_model_args(p)
     p.add_argument("--prompts", default=DEFAULT_PROMPTS, help=f"Spec-Bench style JSONL (default {DEFAULT_PROMPTS})")
     p.add_argument("--methods", default="ar,ngram",
@@ -57,6 +58,10 @@ def register(sub) -> None:
     g.add_argument("--concurrency", default="1,4,16,32", help="comma-separated client counts (default 1,4,16,32)")
     g.add_argument("--requests", type=int, default=0,
                    help="requests per level (default 0: max(4, 2 x concurrency))")
+    g = p.add_argument_group("bench tree")
+    g.add_argument("--nodes", default="1,2,4,8,16", help="comma-separated draft-node counts (default 1,2,4,8,16)")
+    g.add_argument("--context", type=int, default=256, help="tokens in the KV cache before each pass (default 256)")
+    g.add_argument("--rounds", type=int, default=20, help="timing rounds (default 20)")
     add_cache_args(p)
     p.set_defaults(run=run)
 
@@ -70,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
         from speclm.cli.bench_serve import run_kv
 
         return run_kv(args)
+    if args.mode == "tree":
+        from speclm.bench.tree_cost import run_tree
+
+        return run_tree(args)
     args.name = args.name or "spec_bench"
     from speclm.bench.machine import machine_info
     from speclm.bench.prompts import load_prompts
