@@ -6,7 +6,9 @@ from dataclasses import dataclass
 SPEC_METHODS_HELP = ("ngram | ngram:MAX_N | layerskip:N | draft:PATH | medusa:PATH[,width=W] | "
                      "eagle:PATH[,topk=T,beam=B,depth=D] (medusa/eagle: K is the tree's node budget; "
                      "eagle topk=1 drafts a chain of K)")
-HEAD_OPTIONS = {"medusa": {"width": 3}, "eagle": {"topk": 4, "beam": 4, "depth": 6}}  # defaults
+# Defaults sized for a CPU, where a verification pass over more than ~4 rows costs 2-6x a one-token
+# pass (benchmarks/tree_cost.md) and every draft depth costs an output-head matmul.
+HEAD_OPTIONS = {"medusa": {"width": 3}, "eagle": {"topk": 2, "beam": 2, "depth": 5}}
 
 
 @dataclass

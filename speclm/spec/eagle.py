@@ -28,7 +28,7 @@ class EagleProposer:
     wants_features = True
     proposes_trees = True
 
-    def __init__(self, target: LlamaModel, head: EagleHead, topk: int = 4, beam: int = 4, depth: int = 6,
+    def __init__(self, target: LlamaModel, head: EagleHead, topk: int = 2, beam: int = 2, depth: int = 5,
                  name: str = "eagle") -> None:
         if topk < 1 or beam < 1 or depth < 1:
             raise ValueError(f"eagle needs topk, beam and depth >= 1, got {topk}, {beam}, {depth}")
@@ -109,8 +109,8 @@ class EagleProposer:
             scores.append(v), tokens.append(t), parents.append(-1)
         features = {-1: self.last}
         next_slot, position = self.rows, len(context)
-        for d in range(1, self.depth):
-            expand = sorted(frontier, key=lambda i: -scores[i])[: self.beam]
+        for d in range(1, min(self.depth, k)):  # a node at depth > k could never be kept
+            expand = sorted(frontier, key=lambda i: -scores[i])[: min(self.beam, k)]
             n = len(expand)
             # Each row sees the committed rows, its expanded ancestors and itself.
             mask = torch.zeros(n, next_slot + n, dtype=torch.bool)

@@ -129,3 +129,32 @@ def test_batched_engine_rejects_tree_methods(stories_llm, head_dirs):
     spec = SpecConfig.parse(f"medusa:{head_dirs['medusa']}")
     with pytest.raises(ValueError, match="does not verify yet"):
         BatchEngine(ModelRunner(stories_llm.model), stories_llm.tokenizer, spec=spec, make_proposer=stories_llm.new_proposer)
+
+
+def test_cli_runs_heads_and_rejects_bad_ones(head_dirs, tmp_path, capsys):
+    from tests.test_bad_input import STORIES, assert_one_error_line, run_cli
+
+    code, out, _ = run_cli(capsys, "generate", "--prompt", "Once", *STORIES, "--max-tokens", "8", "--json",
+                           "--spec", f"eagle:{head_dirs['eagle-perturbed']},topk=2,depth=3", "--k", "6")
+    assert code == 0 and '"target_forwards"' in out
+    code, _, err = run_cli(capsys, "generate", "--prompt", "hi", *STORIES, "--spec", f"medusa:{tmp_path}/missing")
+    assert_one_error_line(code, err, "is not a draft-head directory")
+    code, _, err = run_cli(capsys, "serve", *STORIES, "--spec", f"eagle:{head_dirs['eagle']}")
+    assert code == 2 and err.startswith("speclm serve: error: ") and "does not verify yet" in err
+
+
+def test_bench_methods_keep_head_options_together():
+    from speclm.cli.bench import split_methods
+
+    assert split_methods("ar, ngram,eagle:d/x,topk=1,depth=3,medusa:m,width=2") == [
+        "ar", "ngram", "eagle:d/x,topk=1,depth=3", "medusa:m,width=2"]
+
+
+def test_head_sampling_runs_and_is_reproducible(stories_llm, head_dirs):
+    """Sampled runs with top-k/top-p (exactness itself: tests/spec/test_tree_exactness.py). Fixed K:
+    adaptive K follows measured timings, which changes the drafts and so the random stream."""
+    llm = stories_llm.with_spec(f"eagle:{head_dirs['eagle-perturbed']},topk=3,beam=2", num_speculative_tokens=6,
+                                adaptive=False)
+    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=3, max_tokens=30)
+    first, second = llm.generate("Once upon a time", params)[0], llm.generate("Once upon a time", params)[0]
+    assert first.token_ids == second.token_ids and len(first.token_ids) > 0
