@@ -13,7 +13,7 @@ from speclm.engine.request import Request, RequestOutput
 from speclm.models.checkpoint import ModelLoadError, build_model
 from speclm.models.llama import LlamaModel
 from speclm.models.loader import load_checkpoint
-from speclm.models.quant_linear import WeightFormat
+from speclm.models.quant_linear import WeightFormat, convert_linear_layers
 from speclm.sampling_params import SamplingParams
 from speclm.spec.draft_model import DraftModelProposer
 from speclm.spec.eagle import EagleProposer
@@ -111,6 +111,8 @@ class LLM:
             head = load_head(path, self.model.config)
             if head.kind != spec.method:
                 raise ValueError(f"{path} holds a {head.kind} head, not a {spec.method} head; use {head.kind}:{path}")
+            # The head's layers run in the target's weight format (an fp32 head layer costs ~2 ms a row here).
+            convert_linear_layers(head, self.weights)
             if spec.method == "medusa":
                 return MedusaProposer(self.model, head, name=spec.label, **options)
             return EagleProposer(self.model, head, name=spec.label, **options)

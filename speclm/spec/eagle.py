@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from speclm.kv.cache import KVCache
 from speclm.models.layers import AttentionMetadata
 from speclm.models.llama import LlamaModel
 from speclm.sampling_params import SamplingParams
@@ -42,7 +43,8 @@ class EagleProposer:
         self.last: torch.Tensor | None = None  # the last committed row's predicted feature, [hidden]
 
     def start(self, prompt_ids: list[int], capacity: int) -> None:
-        self.cache = self.head.new_cache(capacity + self.beam * self.depth + 1)
+        c, p = self.head.target_config, self.embed.weight  # the activations' dtype (the head may be quantized)
+        self.cache = KVCache(1, c.num_kv_heads, c.head_dim, capacity + self.beam * self.depth + 1, p.dtype, p.device)
         self.rows, self.pending, self.last = 0, [], None
 
     def add_features(self, features: torch.Tensor) -> None:  # [n, hidden]
@@ -53,9 +55,7 @@ class EagleProposer:
         """Head rows at cache slots start..; [n, hidden] predicted features."""
         n = len(tokens)
         embeds = self.embed(torch.tensor(tokens))
-        weight = self.head.fc.weight
-        return self.head(features.to(weight.dtype), embeds.to(weight.dtype), torch.tensor(positions), self.cache,
-                         AttentionMetadata(start, n, mask))
+        return self.head(features, embeds, torch.tensor(positions), self.cache, AttentionMetadata(start, n, mask))
 
     def _sync(self, context: list[int]) -> None:
         """Turn the pending features into committed rows (f_t with x_{t+1} at position t+1)."""

@@ -73,7 +73,7 @@ class MedusaProposer:
             return Proposal()
         parents, paths = self._tree(k)
         depth = max(len(p) for p in paths)
-        hidden = torch.stack([self.heads.heads[i](self.feature[0]) for i in range(depth)])  # [depth, hidden]
+        hidden = torch.cat([self.heads.heads[i](self.feature) for i in range(depth)])  # [depth, hidden]
         logits = head_logits(self.lm_head, hidden, None)  # [depth, V or V']
         ranks = torch.topk(logits, self.width, dim=-1).indices  # [depth, width]
         if self.token_map is not None:

@@ -158,3 +158,18 @@ def test_head_sampling_runs_and_is_reproducible(stories_llm, head_dirs):
     params = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=3, max_tokens=30)
     first, second = llm.generate("Once upon a time", params)[0], llm.generate("Once upon a time", params)[0]
     assert first.token_ids == second.token_ids and len(first.token_ids) > 0
+
+
+def test_heads_in_bf16_run_quantized_and_stay_exact(head_dirs):
+    """With --weights bf16 the heads' layers run in bf16 too (cheaper drafts); output still equals plain greedy."""
+    from speclm import LLM
+    from speclm.models.quant_linear import BF16Linear
+    from tests.conftest import STORIES_MODEL, STORIES_TOKENIZER
+
+    llm = LLM(STORIES_MODEL, tokenizer=STORIES_TOKENIZER, weights="bf16")
+    expected = llm.generate("Once upon a time", PARAMS)[0].token_ids
+    for spec in (f"eagle:{head_dirs['eagle-perturbed']},topk=3", f"eagle:{head_dirs['eagle']},topk=1",
+                 f"medusa:{head_dirs['medusa-perturbed']}"):
+        fast = llm.with_spec(spec, num_speculative_tokens=6, adaptive=False)
+        assert any(isinstance(m, BF16Linear) for m in fast.engine.proposer.__dict__["head" if "eagle" in spec else "heads"].modules())
+        assert fast.generate("Once upon a time", PARAMS)[0].token_ids == expected, spec
