@@ -79,7 +79,8 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         generator = torch.Generator().manual_seed(seed)
         tracker = OutputTracker(self.tokenizer, prompt_ids, params, max_total)
-        controller = SpeculationController(self.max_k, adaptive=self.adaptive)
+        controller = SpeculationController(self.max_k, adaptive=self.adaptive,
+                                           depth_of=getattr(self.proposer, "tree_depth", None))
         if self.proposer is not None:
             self.proposer.start(prompt_ids, capacity)
         features = wants_features(self.proposer)
@@ -122,7 +123,8 @@ class LLMEngine:
                 if features:  # the rows whose next tokens are now committed
                     self.proposer.add_features(hidden[rows])
                 self.proposer.update(result.num_accepted)
-            controller.record(len(drafts), result.num_accepted, proposer_seconds, target_seconds)
+            controller.record(len(drafts), result.num_accepted, proposer_seconds, target_seconds,
+                              depth if tree is not None else None)
             committed = tracker.add(result.tokens)
             stats.record_step(len(drafts), result.num_accepted, committed, depth)
             stats.proposer_seconds += proposer_seconds

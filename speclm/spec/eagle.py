@@ -57,6 +57,10 @@ class EagleProposer:
         embeds = self.embed(torch.tensor(tokens))
         return self.head(features, embeds, torch.tensor(positions), self.cache, AttentionMetadata(start, n, mask))
 
+    def tree_depth(self, k: int) -> int:
+        """The deepest a k-node draft can reach (for the adaptive controller; EAGLE-2 trees vary)."""
+        return k if self.topk == 1 else min(self.depth, k)
+
     def _sync(self, context: list[int]) -> None:
         """Turn the pending features into committed rows (f_t with x_{t+1} at position t+1)."""
         if not self.pending:

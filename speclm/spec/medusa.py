@@ -59,6 +59,10 @@ class MedusaProposer:
     def add_features(self, features: torch.Tensor) -> None:  # [n, hidden]
         self.feature = features[-1:]
 
+    def tree_depth(self, k: int) -> int:
+        """Depth of the k-node tree (for the adaptive controller)."""
+        return max(len(p) for p in self._tree(k)[1])
+
     def _tree(self, k: int) -> tuple[list[int], list[tuple[int, ...]]]:
         """(parents, paths) of the k-node static tree, cached per k."""
         if k not in self._trees:
