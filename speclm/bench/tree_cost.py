@@ -31,6 +31,7 @@ def measure_tree_cost(runner: ModelRunner, sizes: list[int], context: int, repea
     for n in sizes:
         tokens, tree = prompt[-1:] + prompt[:n], bushy_tree(n)
         passes["tree", n] = lambda t=tokens, tr=tree: runner.verify(cache, t, context, tr)
+        passes["lazy", n] = lambda t=tokens, tr=tree: _lazy_tree_pass(runner, cache, t, context, tr)
         passes["chain", n] = lambda t=tokens: runner.verify(cache, t, context)
         passes["masked", n] = lambda t=tokens, tr=tree: _masked_tree_pass(runner, cache, t, context, tr)
     times: dict = {key: [] for key in passes}
@@ -45,12 +46,21 @@ def measure_tree_cost(runner: ModelRunner, sizes: list[int], context: int, repea
         # Best of the rounds: on a shared machine other processes only ever add time.
         record = {"nodes": n, "depth": bushy_tree(n).max_depth, "one_token_s": min(times["one", 0]),
                   "tree_s": min(times["tree", n]), "chain_s": min(times["chain", n]),
-                  "masked_tree_s": min(times["masked", n])}
+                  "masked_tree_s": min(times["masked", n]), "lazy_tree_s": min(times["lazy", n])}
         record |= {f"{key}_median_s": statistics.median(times[key, n if key != "one" else 0])
-                   for key in ("one", "tree", "chain", "masked")}
+                   for key in ("one", "tree", "chain", "masked", "lazy")}
         record["tree_over_one"] = record["tree_s"] / record["one_token_s"]
         records.append(record)
     return records
+
+
+def _lazy_tree_pass(runner: ModelRunner, cache, tokens: list[int], start: int, tree: TokenTree) -> None:
+    """The tree pass with logits for a root-to-depth-2 path only (3 one-row head calls, what the
+    engine does for trees of LAZY_LOGITS_NODES nodes or more when two drafts are accepted)."""
+    _, hidden, _ = runner.verify(cache, tokens, start, tree, logits=False)
+    row_logits = runner.row_logits(hidden)
+    for row in tree.row_paths()[-1][:3]:
+        row_logits(row)
 
 
 def _masked_tree_pass(runner: ModelRunner, cache, tokens: list[int], start: int, tree: TokenTree) -> None:
@@ -70,15 +80,19 @@ def _masked_tree_pass(runner: ModelRunner, cache, tokens: list[int], start: int,
 def markdown(records: list[dict], title: str, command: str, machine: dict) -> str:
     lines = [f"# {title}", "", f"Command: `{command}`", "",
              f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
-             f"({machine.get('torch_threads')} threads)", "",
+             f"({machine.get('torch_threads')} threads); 1-minute load average at the end "
+             f"{machine.get('load_average_1min')} (other jobs shared the cores: best-of-rounds damps, not removes, "
+             "their noise)", "",
              "Best-of-rounds ms (medians in the JSON) per target pass over the pending token + N draft nodes (a bushy tree as the default "
              "Medusa tree); `chain` = the same row count as a chain; `masked` = one tree-masked SDPA call per "
-             "layer (not bit-identical to decoding in bf16, shown for the price of exactness).", "",
-             "| nodes N | depth | 1-token pass ms | tree pass ms | tree / 1-token | chain (N+1 rows) ms | masked tree ms |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+             "layer (not bit-identical to decoding in bf16, shown for the price of exactness); `lazy` = the tree pass "
+             "with logits for a 3-row path only (the engine's way for trees of 4+ nodes).", "",
+             "| nodes N | depth | 1-token pass ms | tree pass ms | tree / 1-token | lazy tree ms | lazy / 1-token | chain (N+1 rows) ms | masked tree ms |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in records:
         lines.append(f"| {r['nodes']} | {r['depth']} | {1e3 * r['one_token_s']:.2f} | {1e3 * r['tree_s']:.2f} | "
-                     f"{r['tree_over_one']:.2f}x | {1e3 * r['chain_s']:.2f} | {1e3 * r['masked_tree_s']:.2f} |")
+                     f"{r['tree_over_one']:.2f}x | {1e3 * r['lazy_tree_s']:.2f} | {r['lazy_tree_s'] / r['one_token_s']:.2f}x | "
+                     f"{1e3 * r['chain_s']:.2f} | {1e3 * r['masked_tree_s']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -99,7 +113,7 @@ def run_tree(args) -> int:
     args.spec = None
     llm = load_llm(args)
     records = measure_tree_cost(ModelRunner(llm.model), sizes, args.context, args.rounds)
-    machine = machine_info()
+    machine = machine_info() | {"load_average_1min": round(os.getloadavg()[0], 2)}
     command = "speclm bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     title = f"tree verification cost: {os.path.basename(llm.model_path)}, --weights {llm.weights.label}, context {args.context}"
     os.makedirs(args.out, exist_ok=True)

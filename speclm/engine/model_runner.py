@@ -58,15 +58,36 @@ class ModelRunner:
         return logits, seconds
 
     def verify(
-        self, cache: KVCache, tokens: list[int], start: int, tree: TokenTree | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, float]:
+        self, cache: KVCache, tokens: list[int], start: int, tree: TokenTree | None = None, logits: bool = True
+    ) -> tuple[torch.Tensor | None, torch.Tensor, float]:
         """forward, also returning the features [len(tokens), hidden]. With `tree`, tokens are the
         pending token then the tree's nodes, written at slots start.. in that order (commit a path
-        with KVCache.keep_slots)."""
+        with KVCache.keep_slots). logits=False leaves them to `row_logits` (None returned)."""
         t0 = time.perf_counter()
         hidden = self._hidden(cache, tokens, start, tree)
-        logits = self.model.compute_logits(hidden)
-        return logits, hidden, time.perf_counter() - t0
+        out = self.model.compute_logits(hidden) if logits else None
+        return out, hidden, time.perf_counter() - t0
+
+    def row_logits(self, hidden: torch.Tensor) -> "RowLogits":
+        """Logits of single rows of `hidden` on demand (a tree walk needs only its path's rows)."""
+        return RowLogits(self.model, hidden)
+
+
+class RowLogits:
+    """row -> fp32 logits [vocab], computed once per row with the one-row call plain decoding makes;
+    `seconds` accumulates the time spent."""
+
+    def __init__(self, model: LlamaModel, hidden: torch.Tensor) -> None:
+        self.model, self.hidden = model, hidden
+        self.rows: dict[int, torch.Tensor] = {}
+        self.seconds = 0.0
+
+    def __call__(self, row: int) -> torch.Tensor:
+        if row not in self.rows:
+            t0 = time.perf_counter()
+            self.rows[row] = self.model.compute_logits(self.hidden, [row])[0]
+            self.seconds += time.perf_counter() - t0
+        return self.rows[row]
 
     def new_paged_cache(self, num_blocks: int, block_size: int, quantize: bool = False) -> PagedKVCache:
         c, p = self.config, self.model.embed_tokens.weight

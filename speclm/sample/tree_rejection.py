@@ -13,6 +13,7 @@ from the target's p there (a *bonus* token).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -39,29 +40,29 @@ class TreeRejectionSampler:
 
     def verify(
         self,
-        target_logits: torch.Tensor,  # [num_nodes + 1, vocab]
+        target_logits: torch.Tensor | Callable[[int], torch.Tensor],  # [num_nodes + 1, vocab], or row -> [vocab]
         tree: TokenTree,
         draft_tokens: list[int],  # [num_nodes]
         draft_probs: torch.Tensor | None,  # [num_nodes, vocab]: the q each node was drawn from; None = deterministic
         params: SamplingParams,
         generator: torch.Generator | None = None,
     ) -> TreeVerificationResult:
-        assert target_logits.shape[0] == tree.num_nodes + 1 == len(draft_tokens) + 1
+        assert tree.num_nodes == len(draft_tokens)
         children = tree.children()
+        logits_of = target_logits if callable(target_logits) else target_logits.__getitem__
         if params.greedy:
-            choice = target_logits.argmax(-1).tolist()  # [num_nodes + 1]
             path, row = [], 0
             while True:
-                nxt = next((c for c in children[row] if draft_tokens[c] == choice[row]), None)
+                choice = int(logits_of(row).argmax())
+                nxt = next((c for c in children[row] if draft_tokens[c] == choice), None)
                 if nxt is None:
-                    return TreeVerificationResult.of([draft_tokens[c] for c in path] + [choice[row]], path,
+                    return TreeVerificationResult.of([draft_tokens[c] for c in path] + [choice], path,
                                                   bool(path) and not children[row])
                 path.append(nxt)
                 row = nxt + 1
-        probs = processed_probs(target_logits, params)  # [num_nodes + 1, vocab]
         path, row = [], 0
         while True:
-            residual = probs[row].clone()
+            residual = processed_probs(logits_of(row)[None], params)[0]  # [vocab]: p at this row, then p-prime
             nxt = None
             for c in children[row]:
                 x = draft_tokens[c]
