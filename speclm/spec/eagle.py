@@ -6,6 +6,7 @@ import torch
 from speclm.kv.cache import KVCache
 from speclm.models.layers import AttentionMetadata
 from speclm.models.llama import LlamaModel
+from speclm.sample.sampler import processed_probs, sample_from_probs
 from speclm.sampling_params import SamplingParams
 from speclm.spec.heads import EagleHead, draft_lm_head, head_logits
 from speclm.spec.proposer import Proposal
@@ -22,8 +23,9 @@ class EagleProposer:
       (tree attention over the cache and each node's ancestors); finally the k best nodes overall
       are kept (a child never scores above its parent, so they form a tree).
 
-    Candidates are deterministic (the head's top tokens); sampling stays exact through the tree
-    verifier's deterministic-candidate scheme. Draft rows live past the committed rows and are
+    Tree candidates are deterministic (the head's top tokens); sampling stays exact through the tree
+    verifier's deterministic-candidate scheme. A sampled chain draws from the head's processed
+    distribution and carries it for min(1, p/q) acceptance. Draft rows live past the committed rows and are
     dropped before the next proposal."""
 
     wants_features = True
@@ -89,17 +91,33 @@ class EagleProposer:
         if self.last is None:  # a one-token prompt: no feature until the first verification
             return Proposal()
         if self.topk == 1:
-            return self._chain(context, k)
+            return self._chain(context, k, params, generator)
         return self._tree(context, k)
 
-    def _chain(self, context: list[int], k: int) -> Proposal:
-        feature, tokens, position = self.last[None], [], len(context)
+    def _chain(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+        """Greedy: the head's top token at each step. Sampling: a draw from the head's processed
+        distribution q (over the full vocabulary; tokens outside a token_map get q = 0), returned
+        with q so the verifier accepts with min(1, p/q)."""
+        feature, tokens, probs, position = self.last[None], [], [], len(context)
         for i in range(k):
-            _, top = self._top(feature, 1)
-            tokens.append(int(top[0, 0]))
+            if params.greedy:
+                _, top = self._top(feature, 1)
+                tokens.append(int(top[0, 0]))
+            else:
+                q = processed_probs(self._full_vocab_logits(feature), params)  # [1, vocab]
+                tokens.append(int(sample_from_probs(q, generator)))
+                probs.append(q[0])
             if i + 1 < k:
                 feature = self._run(feature, tokens[-1:], [position + i], self.rows + i, None)
-        return Proposal(tokens, None, list(range(-1, k - 1)))
+        return Proposal(tokens, torch.stack(probs) if probs else None, list(range(-1, k - 1)))
+
+    def _full_vocab_logits(self, features: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab]
+        logits = head_logits(self.lm_head, features, None)
+        if self.token_map is None:
+            return logits
+        full = logits.new_full((logits.shape[0], self.head.vocab_size), float("-inf"))
+        full[:, self.token_map] = logits
+        return full
 
     def _tree(self, context: list[int], k: int) -> Proposal:
         scores: list[float] = []  # cumulative log-probability per node

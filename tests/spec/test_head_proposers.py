@@ -173,3 +173,22 @@ def test_heads_in_bf16_run_quantized_and_stay_exact(head_dirs):
         fast = llm.with_spec(spec, num_speculative_tokens=6, adaptive=False)
         assert any(isinstance(m, BF16Linear) for m in fast.engine.proposer.__dict__["head" if "eagle" in spec else "heads"].modules())
         assert fast.generate("Once upon a time", PARAMS)[0].token_ids == expected, spec
+
+
+def test_sampled_eagle_chain_carries_its_draft_distribution(stories_llm, head_dirs):
+    """At temperature > 0 an EAGLE chain draws from its processed q (zero outside the token_map)."""
+    llm = stories_llm.with_spec(f"eagle:{head_dirs['eagle-perturbed']},topk=1", num_speculative_tokens=4, adaptive=False)
+    proposer = llm.engine.proposer
+    ids = stories_llm.tokenizer.encode("Once upon a time")
+    proposer.start(ids, 64)
+    runner = ModelRunner(stories_llm.model)
+    hidden, _ = runner.prefill_features(runner.new_cache(64), ids[:-1])
+    proposer.add_features(hidden)
+    params = SamplingParams(temperature=0.9, top_k=50)
+    proposal = proposer.propose(ids, 4, params, torch.Generator().manual_seed(0))
+    assert proposal.parents == [-1, 0, 1, 2] and proposal.probs.shape == (4, stories_llm.model.config.vocab_size)
+    torch.testing.assert_close(proposal.probs.sum(-1), torch.ones(4))
+    assert all(proposal.probs[i, t] > 0 for i, t in enumerate(proposal.tokens))
+    outside = torch.ones(proposal.probs.shape[1], dtype=torch.bool)
+    outside[proposer.token_map] = False
+    assert proposal.probs[:, outside].sum() == 0 and int((proposal.probs > 0).sum(-1).max()) <= 50  # top-k applied
