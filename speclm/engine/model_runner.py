@@ -73,22 +73,6 @@ class ModelRunner:
         return RowLogits(self.model, hidden)
 
 
-class RowLogits:
-    """row -> fp32 logits [vocab], computed once per row with the one-row call plain decoding makes;
-    `seconds` accumulates the time spent."""
-
-    def __init__(self, model: LlamaModel, hidden: torch.Tensor) -> None:
-        self.model, self.hidden = model, hidden
-        self.rows: dict[int, torch.Tensor] = {}
-        self.seconds = 0.0
-
-    def __call__(self, row: int) -> torch.Tensor:
-        if row not in self.rows:
-            t0 = time.perf_counter()
-            self.rows[row] = self.model.compute_logits(self.hidden, [row])[0]
-            self.seconds += time.perf_counter() - t0
-        return self.rows[row]
-
     def new_paged_cache(self, num_blocks: int, block_size: int, quantize: bool = False) -> PagedKVCache:
         c, p = self.config, self.model.embed_tokens.weight
         return PagedKVCache(c.num_layers, c.num_kv_heads, c.head_dim, num_blocks, block_size, p.dtype, p.device,
@@ -116,3 +100,20 @@ class RowLogits:
         hidden = self.model(tokens, positions, cache, PagedAttentionMetadata(entries, device))
         logits = self.model.compute_logits(hidden, rows) if rows else hidden.new_zeros(0, self.config.vocab_size)
         return logits, time.perf_counter() - t0
+
+
+class RowLogits:
+    """row -> fp32 logits [vocab], computed once per row with the one-row call plain decoding makes;
+    `seconds` accumulates the time spent."""
+
+    def __init__(self, model: LlamaModel, hidden: torch.Tensor) -> None:
+        self.model, self.hidden = model, hidden
+        self.rows: dict[int, torch.Tensor] = {}
+        self.seconds = 0.0
+
+    def __call__(self, row: int) -> torch.Tensor:
+        if row not in self.rows:
+            t0 = time.perf_counter()
+            self.rows[row] = self.model.compute_logits(self.hidden, [row])[0]
+            self.seconds += time.perf_counter() - t0
+        return self.rows[row]
