@@ -3,13 +3,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SPEC_METHODS_HELP = "ngram | ngram:MAX_N | layerskip:N | draft:PATH"
+SPEC_METHODS_HELP = ("ngram | ngram:MAX_N | layerskip:N | draft:PATH | medusa:PATH[,width=W] | "
+                     "eagle:PATH[,topk=T,beam=B,depth=D] (medusa/eagle: K is the tree's node budget; "
+                     "eagle topk=1 drafts a chain of K)")
+# Defaults sized for a CPU, where a verification pass over more than ~4 rows costs 2-6x a one-token
+# pass (benchmarks/tree_cost.md) and every draft depth costs an output-head matmul.
+HEAD_OPTIONS = {"medusa": {"width": 3}, "eagle": {"topk": 2, "beam": 2, "depth": 5}}
 
 
 @dataclass
 class SpecConfig:
     """A parsed --spec value: method 'ngram' (prompt lookup), 'layerskip' (first N target layers as
-    the draft) or 'draft' (a separate model sharing the tokenizer)."""
+    the draft), 'draft' (a separate model sharing the tokenizer), or 'medusa' / 'eagle' (draft heads
+    on the target's features, a directory written by speclm.spec.heads.save_head, drafting trees)."""
 
     method: str
     argument: str | None = None
@@ -17,7 +23,7 @@ class SpecConfig:
     adaptive: bool = True
 
     def __post_init__(self) -> None:
-        if self.method not in ("ngram", "layerskip", "draft"):
+        if self.method not in ("ngram", "layerskip", "draft", *HEAD_OPTIONS):
             raise ValueError(f"unknown speculative method {self.method!r}; expected {SPEC_METHODS_HELP}")
         if not 1 <= self.num_speculative_tokens <= 32:
             raise ValueError(f"--k must be in 1..32, got {self.num_speculative_tokens}")
@@ -27,6 +33,22 @@ class SpecConfig:
             raise ValueError("draft needs a model path, e.g. draft:/path/to/model.gguf")
         if self.method == "ngram" and self.argument is not None and not self.argument.isdigit():
             raise ValueError(f"ngram takes an optional maximum n, e.g. ngram:4; got {self.argument!r}")
+        if self.method in HEAD_OPTIONS:
+            self.head_path_and_options()  # validates
+
+    def head_path_and_options(self) -> tuple[str, dict[str, int]]:
+        """For medusa/eagle: the head directory and its options (defaults filled in)."""
+        path, *items = (self.argument or "").split(",")
+        if not path:
+            raise ValueError(f"{self.method} needs a head directory, e.g. {self.method}:drafters/{self.method}-smollm2-135m")
+        options = dict(HEAD_OPTIONS[self.method])
+        for item in items:
+            key, _, value = item.partition("=")
+            if key not in options or not value.isdigit() or int(value) < 1:
+                raise ValueError(f"bad {self.method} option {item!r}; expected "
+                                 + ", ".join(f"{k}=N (N >= 1, default {v})" for k, v in HEAD_OPTIONS[self.method].items()))
+            options[key] = int(value)
+        return path, options
 
     @classmethod
     def parse(cls, spec: str, num_speculative_tokens: int = 4, adaptive: bool = True) -> "SpecConfig":

@@ -6,16 +6,19 @@ from collections.abc import Iterator
 
 import torch
 
-from speclm.config import SpecConfig
+from speclm.config import HEAD_OPTIONS, SpecConfig
 from speclm.engine.llm_engine import LLMEngine, StreamChunk
 from speclm.engine.model_runner import ModelRunner
 from speclm.engine.request import Request, RequestOutput
 from speclm.models.checkpoint import ModelLoadError, build_model
 from speclm.models.llama import LlamaModel
 from speclm.models.loader import load_checkpoint
-from speclm.models.quant_linear import WeightFormat
+from speclm.models.quant_linear import WeightFormat, convert_linear_layers
 from speclm.sampling_params import SamplingParams
 from speclm.spec.draft_model import DraftModelProposer
+from speclm.spec.eagle import EagleProposer
+from speclm.spec.heads import load_head
+from speclm.spec.medusa import MedusaProposer
 from speclm.spec.ngram import NgramProposer
 from speclm.spec.proposer import Proposer
 from speclm.tokenizer import Tokenizer, load_tokenizer
@@ -28,8 +31,9 @@ class LLM:
 
     model: None (the default SmolLM2-135M-Instruct), a .gguf file, a Hugging Face model directory,
     a llama2.c .bin (with tokenizer=...), or a hub id (needs a network).
-    spec: None, or 'ngram', 'layerskip:N', 'draft:PATH'; num_speculative_tokens is K (the maximum
-    when adaptive). weights: the runtime format of the linear layers, fp32 (default) | bf16 | int8 |
+    spec: None, or 'ngram', 'layerskip:N', 'draft:PATH', 'medusa:PATH', 'eagle:PATH' (see
+    speclm.config.SPEC_METHODS_HELP for head options); num_speculative_tokens is K (the maximum
+    when adaptive; the node budget of medusa/eagle trees). weights: the runtime format of the linear layers, fp32 (default) | bf16 | int8 |
     int4 | int4:GROUP (see speclm.models.quant_linear).
     """
 
@@ -82,6 +86,9 @@ class LLM:
 
     def new_proposer(self, spec: SpecConfig) -> Proposer:
         """A fresh proposer (own per-sequence state) for the batched engine; draft models load once."""
+        if spec.method in HEAD_OPTIONS:
+            raise ValueError(f"{spec.method} drafts token trees, which only the single-request engine verifies "
+                             "(speclm generate / bench / the Python API); the batched server does not support it yet")
         if spec.method == "ngram":
             return self._make_proposer(spec)
         shared = getattr(self, "_draft_proposers", {})
@@ -99,6 +106,16 @@ class LLM:
             if not 1 <= n < self.model.config.num_layers:
                 raise ValueError(f"layerskip:{n} needs 1 <= N < {self.model.config.num_layers} (the model's layers)")
             return DraftModelProposer(self.model, num_layers=n, name=spec.label)
+        if spec.method in HEAD_OPTIONS:
+            path, options = spec.head_path_and_options()
+            head = load_head(path, self.model.config)
+            if head.kind != spec.method:
+                raise ValueError(f"{path} holds a {head.kind} head, not a {spec.method} head; use {head.kind}:{path}")
+            # The head's layers run in the target's weight format (an fp32 head layer costs ~2 ms a row here).
+            convert_linear_layers(head, self.weights)
+            if spec.method == "medusa":
+                return MedusaProposer(self.model, head, name=spec.label, **options)
+            return EagleProposer(self.model, head, name=spec.label, **options)
         draft = build_model(load_checkpoint(spec.argument), weights=self.weights)
         if draft.config.vocab_size != self.model.config.vocab_size:
             raise ValueError(

@@ -22,13 +22,16 @@ def register(sub) -> None:
         "`speclm bench serve`: start the HTTP server in-process and measure throughput and TTFT / inter-token "
         "latency p50/p99 at each --concurrency level (JSON + markdown, default name serve).",
     )
-    p.add_argument("mode", nargs="?", choices=["spec", "serve", "kv"], default="spec",
+    p.add_argument("mode", nargs="?", choices=["spec", "serve", "kv", "tree"], default="spec",
                    help="spec (default): decoding methods; serve: the batched HTTP server; "
-                   "kv: int8 vs full-precision KV cache (memory, greedy agreement, speed)")
+                   "kv: int8 vs full-precision KV cache (memory, greedy agreement, speed); "
+                   "tree: cost of a token-tree verification pass vs a one-token pass, by node count")
     add_model_args(p)
     p.add_argument("--prompts", default=DEFAULT_PROMPTS, help=f"Spec-Bench style JSONL (default {DEFAULT_PROMPTS})")
     p.add_argument("--methods", default="ar,ngram",
-                   help="comma-separated: ar, ngram, ngram:MAX_N, layerskip:N, draft:PATH (default ar,ngram)")
+                   help="comma-separated: ar, ngram, ngram:MAX_N, layerskip:N, draft:PATH, medusa:PATH[,width=W], "
+                   "eagle:PATH[,topk=T,beam=B,depth=D] (a key=value item is an option of the method before it; "
+                   "default ar,ngram)")
     p.add_argument("--per-category", type=int, default=5, help="prompts per category (default 5; 0 = all)")
     p.add_argument("--categories", default=None, help="comma-separated categories to keep (default all)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
@@ -55,6 +58,10 @@ def register(sub) -> None:
     g.add_argument("--concurrency", default="1,4,16,32", help="comma-separated client counts (default 1,4,16,32)")
     g.add_argument("--requests", type=int, default=0,
                    help="requests per level (default 0: max(4, 2 x concurrency))")
+    g = p.add_argument_group("bench tree")
+    g.add_argument("--nodes", default="1,2,4,8,16", help="comma-separated draft-node counts (default 1,2,4,8,16)")
+    g.add_argument("--context", type=int, default=256, help="tokens in the KV cache before each pass (default 256)")
+    g.add_argument("--rounds", type=int, default=20, help="timing rounds (default 20)")
     add_cache_args(p)
     p.set_defaults(run=run)
 
@@ -68,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
         from speclm.cli.bench_serve import run_kv
 
         return run_kv(args)
+    if args.mode == "tree":
+        from speclm.bench.tree_cost import run_tree
+
+        return run_tree(args)
     args.name = args.name or "spec_bench"
     from speclm.bench.machine import machine_info
     from speclm.bench.prompts import load_prompts
@@ -82,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         if args.name == "spec_bench":
             args.name = "runtime"
         return write_compare(args, load_prompts(args.prompts, args.per_category or None, categories))
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = split_methods(args.methods)
     if not methods:
         raise ValueError("--methods is empty")
     if "ar" not in methods:
@@ -133,3 +144,15 @@ def run(args: argparse.Namespace) -> int:
     print(table)
     print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}", file=sys.stderr)
     return 0
+
+
+def split_methods(value: str) -> list[str]:
+    """--methods items; `key=value` items are options of the method before them
+    ("ar,eagle:DIR,topk=1" -> ["ar", "eagle:DIR,topk=1"])."""
+    methods: list[str] = []
+    for item in (m.strip() for m in value.split(",")):
+        if "=" in item and ":" not in item and methods:
+            methods[-1] += "," + item
+        elif item:
+            methods.append(item)
+    return methods

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speclm.config import CacheConfig, SpecConfig
+from speclm.config import HEAD_OPTIONS, CacheConfig, SpecConfig
 from speclm.engine.model_runner import ModelRunner
 from speclm.engine.request import GenerationStats, Request, RequestOutput
 from speclm.engine.scheduler import ScheduledChunk, Scheduler, Sequence
@@ -81,6 +81,9 @@ class BatchEngine:
     ) -> None:
         if spec is not None and make_proposer is None:
             raise ValueError("a speculative config needs a proposer factory")
+        if spec is not None and spec.method in HEAD_OPTIONS:
+            raise ValueError(f"--spec {spec.method} drafts token trees, which the batched engine (the server) does not "
+                             "verify yet; use it with speclm generate / bench or the Python API")
         self.spec, self.make_proposer, self.spec_max_batch = spec, make_proposer, spec_max_batch
         self.verifier = RejectionSampler()
         self.runner = runner

@@ -8,8 +8,9 @@ import torch
 from speclm.kv.cache import KVCache
 from speclm.kv.paged_cache import BatchEntry, PagedAttentionMetadata, PagedKVCache
 from speclm.kv.quantized import int8_bytes_per_token
-from speclm.models.layers import AttentionMetadata
+from speclm.models.layers import AttentionMetadata, tree_paths
 from speclm.models.llama import LlamaModel
+from speclm.spec.tree import TokenTree
 
 
 class ModelRunner:
@@ -27,18 +28,25 @@ class ModelRunner:
     def new_cache(self, capacity: int) -> KVCache:
         return self.model.new_cache(capacity)
 
-    def _hidden(self, cache: KVCache, tokens: list[int], start: int) -> torch.Tensor:
+    def _hidden(self, cache: KVCache, tokens: list[int], start: int, tree: TokenTree | None = None) -> torch.Tensor:
         n = len(tokens)
-        return self.model(
-            torch.tensor(tokens, dtype=torch.long), torch.arange(start, start + n), cache, AttentionMetadata(start, n)
-        )  # [n, hidden]
+        if tree is None:
+            positions, meta = torch.arange(start, start + n), AttentionMetadata(start, n)
+        else:  # row r of a token tree sits at start + its depth and sees only its path
+            positions = start + torch.tensor(tree.depths())
+            meta = AttentionMetadata(start, n, paths=tree_paths(tree.row_paths()))
+        return self.model(torch.tensor(tokens, dtype=torch.long), positions, cache, meta)  # [n, hidden]
 
     def prefill(self, cache: KVCache, tokens: list[int]) -> float:
         """Fill the cache with `tokens` from slot 0 (no logits needed); returns seconds."""
+        return self.prefill_features(cache, tokens)[1]
+
+    def prefill_features(self, cache: KVCache, tokens: list[int]) -> tuple[torch.Tensor, float]:
+        """prefill that also returns the tokens' features (hidden states after the final norm), [n, hidden]."""
         t0 = time.perf_counter()
-        self._hidden(cache, tokens, 0)
+        hidden = self._hidden(cache, tokens, 0)
         cache.truncate(len(tokens))
-        return time.perf_counter() - t0
+        return hidden, time.perf_counter() - t0
 
     def forward(self, cache: KVCache, tokens: list[int], start: int) -> tuple[torch.Tensor, float]:
         """Write `tokens` at cache slots start.. and return (logits [len(tokens), vocab], seconds).
@@ -46,9 +54,24 @@ class ModelRunner:
         The cache's committed length is left for the caller to set: speculative callers keep only
         the accepted prefix.
         """
+        logits, _, seconds = self.verify(cache, tokens, start)
+        return logits, seconds
+
+    def verify(
+        self, cache: KVCache, tokens: list[int], start: int, tree: TokenTree | None = None, logits: bool = True
+    ) -> tuple[torch.Tensor | None, torch.Tensor, float]:
+        """forward, also returning the features [len(tokens), hidden]. With `tree`, tokens are the
+        pending token then the tree's nodes, written at slots start.. in that order (commit a path
+        with KVCache.keep_slots). logits=False leaves them to `row_logits` (None returned)."""
         t0 = time.perf_counter()
-        logits = self.model.compute_logits(self._hidden(cache, tokens, start))
-        return logits, time.perf_counter() - t0
+        hidden = self._hidden(cache, tokens, start, tree)
+        out = self.model.compute_logits(hidden) if logits else None
+        return out, hidden, time.perf_counter() - t0
+
+    def row_logits(self, hidden: torch.Tensor) -> "RowLogits":
+        """Logits of single rows of `hidden` on demand (a tree walk needs only its path's rows)."""
+        return RowLogits(self.model, hidden)
+
 
     def new_paged_cache(self, num_blocks: int, block_size: int, quantize: bool = False) -> PagedKVCache:
         c, device = self.config, self.model.embed_tokens.weight.device
@@ -77,3 +100,20 @@ class ModelRunner:
         hidden = self.model(tokens, positions, cache, PagedAttentionMetadata(entries, device))
         logits = self.model.compute_logits(hidden, rows) if rows else hidden.new_zeros(0, self.config.vocab_size)
         return logits, time.perf_counter() - t0
+
+
+class RowLogits:
+    """row -> fp32 logits [vocab], computed once per row with the one-row call plain decoding makes;
+    `seconds` accumulates the time spent."""
+
+    def __init__(self, model: LlamaModel, hidden: torch.Tensor) -> None:
+        self.model, self.hidden = model, hidden
+        self.rows: dict[int, torch.Tensor] = {}
+        self.seconds = 0.0
+
+    def __call__(self, row: int) -> torch.Tensor:
+        if row not in self.rows:
+            t0 = time.perf_counter()
+            self.rows[row] = self.model.compute_logits(self.hidden, [row])[0]
+            self.seconds += time.perf_counter() - t0
+        return self.rows[row]

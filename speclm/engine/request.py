@@ -41,16 +41,19 @@ class GenerationStats:
     def per_position_acceptance(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
 
-    def record_step(self, num_drafted: int, num_accepted: int, num_committed: int) -> None:
+    def record_step(self, num_drafted: int, num_accepted: int, num_committed: int, depth: int | None = None) -> None:
+        """One verification pass; `depth` is a token tree's depth (per-position counts are per
+        depth then), None for a chain of num_drafted tokens."""
+        depth = num_drafted if depth is None else depth
         self.target_forwards += 1
         self.decode_steps += 1
         self.decode_tokens += num_committed
         self.drafted_tokens += num_drafted
         self.accepted_tokens += num_accepted
-        while len(self.drafted_per_position) < num_drafted:
+        while len(self.drafted_per_position) < depth:
             self.drafted_per_position.append(0)
             self.accepted_per_position.append(0)
-        for i in range(num_drafted):
+        for i in range(depth):
             self.drafted_per_position[i] += 1
             if i < num_accepted:
                 self.accepted_per_position[i] += 1

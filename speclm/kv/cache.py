@@ -36,8 +36,10 @@ class KVCache:
 
     def keep_slots(self, start: int, slots: list[int]) -> None:
         """Move the entries at `slots` to start, start+1, ... (commit one path of a token tree)."""
-        index = torch.tensor(slots, device=self.keys.device)
-        dest = slice(start, start + len(slots))
+        self.length = start + len(slots)
+        if slots == list(range(start, self.length)):  # already in place (e.g. the first-child path)
+            return
+        index = torch.tensor(slots, dtype=torch.long, device=self.keys.device)
+        dest = slice(start, self.length)
         self.keys[:, :, dest] = self.keys[:, :, index]
         self.values[:, :, dest] = self.values[:, :, index]
-        self.length = start + len(slots)

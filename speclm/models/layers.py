@@ -141,18 +141,59 @@ def attend_like_decoding(
     return torch.cat(rows, dim=1)
 
 
+def attend_tree_like_decoding(
+    q: torch.Tensor,  # [heads, n, head_dim]: the rows of a token tree (row 0 = the root)
+    k: torch.Tensor,  # [kv_heads, n, head_dim]: their new keys
+    v: torch.Tensor,
+    k_cache: torch.Tensor,  # [kv_heads, capacity, head_dim]: prefix in slots [0, start)
+    v_cache: torch.Tensor,
+    start: int,
+    paths: list[torch.Tensor | int],  # per row: its path's rows (root .. itself), or its length when
+    gqa: bool,  # that path is rows 0..length-1, already in place
+) -> torch.Tensor:
+    """Tree attention computed exactly as plain decoding computes each row once its path is
+    committed: the row's path is copied to slots start.. (its few entries, never the prefix) and one
+    query attends over the contiguous slots [0, start + depth + 1) with the decoding call. Leaves
+    row r's keys/values at slot start + r. Returns [heads, n, head_dim]."""
+    n, rows, moved = q.shape[1], [], False
+    for i, path in enumerate(paths):
+        if isinstance(path, int):
+            end = start + path
+            if moved:  # a previous row's path covers these slots: put the rows back first
+                k_cache[:, start : start + n], v_cache[:, start : start + n] = k, v
+                moved = False
+        else:
+            end = start + path.numel()
+            k_cache[:, start:end], v_cache[:, start:end] = k[:, path], v[:, path]
+            moved = True
+        rows.append(F.scaled_dot_product_attention(
+            q[None, :, i : i + 1], k_cache[None, :, :end], v_cache[None, :, :end], enable_gqa=gqa)[0])
+    if moved:
+        k_cache[:, start : start + n], v_cache[:, start : start + n] = k, v
+    return torch.cat(rows, dim=1)
+
+
+def tree_paths(paths: list[list[int]], device: torch.device | str = "cpu") -> list[torch.Tensor | int]:
+    """attend_tree_like_decoding's form of row paths: an index tensor, or the length when the path
+    is rows 0..length-1 (a chain from the root needs no copies)."""
+    return [len(p) if p == list(range(len(p))) else torch.tensor(p, device=device) for p in paths]
+
+
 @dataclass
 class AttentionMetadata:
     """Where a forward pass's tokens go in the KV cache and what they may attend to.
 
     `start` is the cache slot of the first new token; the new tokens occupy slots
     [start, start + num_tokens). `mask` ([num_tokens, start + num_tokens], True = may attend) is
-    None for the usual causal case; tree verification passes its own.
+    None for the usual causal case. `paths` (per new row, the new rows from the first down to
+    itself) marks a token-tree verification pass: each row attends to the prefix and its path only,
+    computed like plain decoding (attend_tree_like_decoding).
     """
 
     start: int
     num_tokens: int
     mask: torch.Tensor | None = None
+    paths: list[torch.Tensor | int] | None = None
 
     @property
     def end(self) -> int:
@@ -182,6 +223,8 @@ class AttentionMetadata:
         k_cache[:, self.start : self.end] = k
         v_cache[:, self.start : self.end] = v
         gqa = q.shape[0] != k.shape[0]
+        if self.paths is not None:
+            return attend_tree_like_decoding(q, k, v, k_cache, v_cache, self.start, self.paths, gqa)
         if self.mask is None and self.start > 0 and self.num_tokens > 1:  # verification rows
             return attend_like_decoding(q, k_cache[:, : self.end], v_cache[:, : self.end], gqa)
         attn_mask, is_causal = self.sdpa_mask()

@@ -1,6 +1,7 @@
 """Adaptive speculation length: choose K from measured acceptance and measured costs."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -12,6 +13,8 @@ class SpeculationController:
     With per-token acceptance probability a, a step proposing K tokens yields on average
     (1 - a^(K+1)) / (1 - a) tokens and costs target_time(K) + K * draft_time. Both times and a are
     running averages of what this request measured. After switching off, it probes again later.
+    For token trees K is the node budget and `depth_of(K)` the depth such a tree reaches: the
+    acceptance is then per level, and a budget of K yields tokens as a chain of depth_of(K) would.
     """
 
     max_k: int
@@ -21,6 +24,7 @@ class SpeculationController:
     acceptance: float = 0.7  # prior until measured
     draft_time: float | None = None  # seconds per proposed token
     target_time: dict[int, float] = field(default_factory=dict)  # K -> seconds per verification pass
+    depth_of: Callable[[int], int] | None = None  # tree proposers: node budget -> tree depth
     _steps_off: int = 0
 
     def next_k(self) -> int:
@@ -41,6 +45,7 @@ class SpeculationController:
         return best_k
 
     def expected_tokens(self, k: int) -> float:
+        k = self.depth_of(k) if self.depth_of is not None else k
         a = min(self.acceptance, 0.999)
         return (1 - a ** (k + 1)) / (1 - a)
 
@@ -50,8 +55,10 @@ class SpeculationController:
         nearest = min(self.target_time, key=lambda m: abs(m - k))
         return self.target_time[nearest]
 
-    def record(self, k: int, num_accepted: int, proposer_seconds: float, target_seconds: float) -> None:
-        """Fold one step's measurements into the running averages."""
+    def record(self, k: int, num_accepted: int, proposer_seconds: float, target_seconds: float,
+               depth: int | None = None) -> None:
+        """Fold one step's measurements into the running averages; `depth` is a tree's depth (a
+        path ending there saw no rejection), None for a chain of k."""
         s = self.smoothing
         previous = self.target_time.get(k)
         self.target_time[k] = target_seconds if previous is None else (1 - s) * previous + s * target_seconds
@@ -60,5 +67,5 @@ class SpeculationController:
         per_token = proposer_seconds / k
         self.draft_time = per_token if self.draft_time is None else (1 - s) * self.draft_time + s * per_token
         # Each step shows num_accepted successes and, if it stopped early, one failure.
-        observed = num_accepted / (num_accepted + (1 if num_accepted < k else 0))
+        observed = num_accepted / (num_accepted + (1 if num_accepted < (depth or k) else 0))
         self.acceptance = (1 - s) * self.acceptance + s * observed

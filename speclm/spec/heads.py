@@ -173,3 +173,20 @@ def load_head(directory: str | Path, target_config: ModelConfig | None = None) -
             f"{head.vocab_size}; the target has {target_config.hidden_size} and {target_config.vocab_size}"
         )
     return head.eval()
+
+
+def draft_lm_head(lm_head: nn.Module, token_map: torch.Tensor | None) -> nn.Module:
+    """The output head a proposer drafts with, built once: the target's head itself, or with a
+    token_map a head over the subset rows in the target head's runtime format, so that
+    head_logits(draft_lm_head(h, m), f, None) == head_logits(h, f, m) up to that format's rounding
+    (head_logits slices the weight on every call, and a quantized head has no fp32 `.weight`)."""
+    if token_map is None:
+        return lm_head
+    from speclm.models.quant_linear import BF16Linear, QuantizedLinear, WeightFormat, make_linear
+
+    if isinstance(lm_head, QuantizedLinear):  # int8 for an int8/int4 head (V' need not suit int4 packing)
+        weight = lm_head.dequantized_weight()[token_map]  # [V', hidden]
+        fmt = WeightFormat("bf16" if isinstance(lm_head, BF16Linear) else "int8")
+    else:
+        weight, fmt = lm_head.weight.detach()[token_map].float(), WeightFormat("fp32")
+    return make_linear(weight.contiguous(), None, fmt)

@@ -37,3 +37,14 @@ def test_fixed_k_when_not_adaptive():
     c = SpeculationController(max_k=5, adaptive=False)
     feed(c, 5, 0, 0.01, 0.01)
     assert c.next_k() == 5
+
+
+def test_tree_budget_counts_tokens_by_depth_not_nodes():
+    """A 16-node tree only 2 levels deep yields at most 3 tokens; paying for 16 rows must not look
+    like a 16-deep chain, and a path that reaches the bottom level counts as fully accepted."""
+    chain = SpeculationController(max_k=16)
+    tree = SpeculationController(max_k=16, depth_of=lambda k: min(k, 2))
+    assert tree.expected_tokens(16) == tree.expected_tokens(2) < chain.expected_tokens(16)
+    tree.record(16, 2, 0.001, 0.02, depth=2)
+    chain.record(16, 2, 0.001, 0.02)
+    assert tree.acceptance > chain.acceptance
