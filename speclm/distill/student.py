@@ -11,6 +11,7 @@ from speclm.compress.model_io import model_to_tensors
 from speclm.compress.save import save_checkpoint
 from speclm.distill.losses import layer_map
 from speclm.models.checkpoint import Checkpoint, build_model
+from speclm.models.layers import AttentionMetadata
 from speclm.models.llama import LlamaModel
 from speclm.spec.draft_model import TOKEN_MAP_FILE
 from speclm.tokenizer import Tokenizer
@@ -38,6 +39,26 @@ def init_draft_model(target: Checkpoint, num_layers: int, style: str = "uniform"
     config = dataclasses.replace(c, num_layers=num_layers, eos_token_ids=list(c.eos_token_ids))
     model = build_model(Checkpoint(config, tensors, target.source, dict(target.metadata)))
     return model, chosen
+
+
+class PerLayerCache:
+    """KV storage for one training forward, a separate pair of tensors per layer. A KVCache keeps all
+    layers in one tensor, and autograd rejects that under backprop: layer i saves a view of it for the
+    backward pass and layer i+1's write into the same storage invalidates it ("modified by an inplace
+    operation"). The cache is scratch space here; nothing reads it after the forward."""
+
+    def __init__(self, model: LlamaModel, num_tokens: int) -> None:
+        c, p = model.config, model.embed_tokens.weight
+        self.shape, self.dtype = (c.num_kv_heads, num_tokens, c.head_dim), p.dtype
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros(self.shape, dtype=self.dtype), torch.zeros(self.shape, dtype=self.dtype)
+
+
+def training_hidden_states(model: LlamaModel, tokens: torch.Tensor) -> torch.Tensor:
+    """Causal post-norm hidden states [n, hidden] of `tokens` [n] from position 0, with autograd."""
+    n = tokens.numel()
+    return model.hidden_states(tokens, torch.arange(n), PerLayerCache(model, n), AttentionMetadata(0, n))
 
 
 def trainable_draft_parameters(model: LlamaModel) -> list[torch.nn.Parameter]:
