@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from speclm.distill.losses import DIVERGENCES
 from speclm.distill.data import DataSettings, frequent_tokens, load_or_build
 from speclm.distill.objectives import DraftObjective, EagleObjective, HeadSpace, MedusaObjective
 from speclm.distill.prompts import training_prompts
@@ -60,6 +61,19 @@ class DistillOptions:
                              f"{self.token_map_size}, {self.batch_size}, {self.max_len}")
         if self.init_only and self.student != "draft":
             raise ValueError("--init-only saves an untrained draft model; it needs --student draft")
+        for name in ("alpha", "beta", "on_policy"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}")
+        if not self.temperature > 0:
+            raise ValueError(f"--temperature must be positive, got {self.temperature}")
+        if min(self.feature_weight, self.ce_weight, self.noise) < 0:
+            raise ValueError(f"--feature-weight, --ce-weight and --noise must be >= 0, got "
+                             f"{self.feature_weight}, {self.ce_weight}, {self.noise}")
+        if self.divergence not in DIVERGENCES:
+            raise ValueError(f"--loss must be one of {', '.join(DIVERGENCES)}, got {self.divergence!r}")
+        if self.num_layers < 1 or self.medusa_heads < 1 or self.medusa_layers < 1:
+            raise ValueError(f"--layers, --medusa-heads and --medusa-layers must be >= 1, got "
+                             f"{self.num_layers}, {self.medusa_heads}, {self.medusa_layers}")
         if self.prompts is None and not self.own_prompts:
             raise ValueError("no training prompts: give --prompts or keep the built-in ones")
 
