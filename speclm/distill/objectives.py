@@ -109,7 +109,7 @@ class DraftObjective:
             if self.features is not None:
                 feature_loss = self.features([hidden[rows]], [features[rows].float()])
                 loss = loss + self.feature_weight * feature_loss
-                feats += float(feature_loss) / self.batch_size
+                feats += float(feature_loss.detach()) / self.batch_size
             total = total + loss / self.batch_size
             agree += int((student_logits.argmax(-1) == teacher_logits.argmax(-1)).sum())
             rows_seen += rows.numel()
@@ -197,6 +197,6 @@ class EagleObjective:
                 _, reg2, ce2, _ = self._pass(pred[:-1], tokens, features, 2, mask2, generator)
                 loss = (loss + reg2 + self.ce_weight * ce2) / 2
             total = total + loss / self.batch_size
-            stats["reg"] += float(regression) / self.batch_size
+            stats["reg"] += float(regression.detach()) / self.batch_size
             stats["agree"] += float(agree) / self.batch_size
         return total, stats

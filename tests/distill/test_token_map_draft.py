@@ -30,15 +30,15 @@ def token_map_draft_dir(tmp_path_factory, stories_llm):
 def test_token_map_draft_greedy_equals_plain_greedy(stories_llm, token_map_draft_dir):
     token_map = set(load_token_map(token_map_draft_dir, 512).tolist())
     params = SamplingParams(max_tokens=48)
-    for k in (1, 3, 6):
+    expected = {prompt: stories_llm.generate(prompt, params)[0].token_ids for prompt in STORY_PROMPTS}
+    for k in (1, 4):
         llm = stories_llm.with_spec(f"draft:{token_map_draft_dir}", num_speculative_tokens=k, adaptive=False)
         proposer = llm.engine.proposer
         assert isinstance(proposer, DraftModelProposer) and proposer.token_map is not None
         drafted = accepted = 0
         for prompt in STORY_PROMPTS:
-            expected = stories_llm.generate(prompt, params)[0].token_ids
             out = llm.generate(prompt, params)[0]
-            assert out.token_ids == expected, (k, prompt)
+            assert out.token_ids == expected[prompt], (k, prompt)
             drafted += out.stats.drafted_tokens
             accepted += out.stats.accepted_tokens
         assert drafted > 0 and 0 < accepted < drafted
