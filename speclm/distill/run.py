@@ -154,16 +154,20 @@ def run_distill(opts: DistillOptions, llm=None) -> dict:
 
 
 def init_eagle_head(checkpoint, token_map: torch.Tensor | None) -> EagleHead:
-    """An EagleHead whose decoder layer starts as the target's last layer and whose fc starts as
-    [I, I] (feature + next-token embedding), so training begins from a layer that already maps the
-    target's residual stream forward."""
+    """An EagleHead whose decoder layer starts as the target's last layer with its two output
+    projections (o_proj, down_proj) zeroed and fc = [I, 0]: the untrained head returns f_t itself,
+    and attention/MLP start from the target's learned q/k/v and gate/up. Measured on SmolLM2 (80
+    steps, lr 1e-3): top-1 agreement with the target 0.32, vs 0.09 keeping the whole last layer with
+    fc = [I, I] (whose outputs are on the residual-stream scale, far from post-norm features)."""
     target = build_model(checkpoint)
     head = EagleHead(checkpoint.config, token_map)
     head.layer.load_state_dict({k: v.detach().clone() for k, v in target.layers[-1].state_dict().items()})
     h = checkpoint.config.hidden_size
     with torch.no_grad():
-        head.fc.weight.copy_(torch.cat([torch.eye(h), torch.eye(h)], dim=1))
+        head.fc.weight.copy_(torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1))
         head.fc.bias.zero_()
+        head.layer.self_attn.o_proj.weight.zero_()
+        head.layer.mlp.down_proj.weight.zero_()
     for p in head.parameters():
         p.requires_grad_(True)
     return head
