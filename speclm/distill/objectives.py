@@ -177,6 +177,8 @@ class EagleObjective:
                          AttentionMetadata(0, rows))  # [rows, hidden]
         target = features[offset:offset + rows]
         regression = masked_mean(F.smooth_l1_loss(pred, target, reduction="none").mean(-1), mask)
+        if not mask.any():  # nothing to score (a response too short for this pass)
+            return pred, regression, regression.new_zeros(()), regression.new_zeros(())
         student = self.space.logits(pred[mask])
         with torch.no_grad():
             teacher = self.space.logits(target[mask])
