@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PROMPT ?= Explain speculative decoding in two sentences.
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench clean draft
 
 install: $(STAMP)
 
@@ -24,6 +24,27 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# Learned drafters for the default model (issue 7), all under drafters/, in <= 60 minutes on 2 CPU cores:
+# target data (cached in .cache/distill), the undistilled draft init, the distilled draft, Medusa, EAGLE.
+# Each stage prints its seconds and a JSON summary (steps, first/final loss); --max-minutes caps each
+# training stage. DISTILL_PY=python uses the active environment instead of .venv; DISTILL_THREADS sets
+# the torch/OMP threads (1 when the machine is shared with other jobs).
+DISTILL_PY      ?= $(BIN)/python
+DISTILL_THREADS ?= 2
+DISTILL := OMP_NUM_THREADS=$(DISTILL_THREADS) $(DISTILL_PY) -m speclm distill --threads $(DISTILL_THREADS) \
+	--weights int4 --token-map-size 8192 --seed 0 --lr 1e-3
+STAGE   = t=$$(date +%s); $(1) && echo "make draft: stage $(2) took $$(( $$(date +%s) - t )) s"
+
+draft: $(if $(filter $(BIN)/python,$(DISTILL_PY)),install)
+	@mkdir -p drafters
+	@$(call STAGE,$(DISTILL) --student draft --layers 2 --init-only --out drafters/draft-smollm2-135m-init,data+draft-init)
+	@$(call STAGE,$(DISTILL) --student draft --layers 2 --loss fkl --alpha 0.1 --steps 600 --batch-size 4 \
+		--max-minutes 10 --out drafters/draft-smollm2-135m,draft)
+	@$(call STAGE,$(DISTILL) --student medusa --medusa-heads 4 --steps 300 --batch-size 8 \
+		--max-minutes 9 --out drafters/medusa-smollm2-135m,medusa)
+	@$(call STAGE,$(DISTILL) --student eagle --unroll 2 --steps 600 --batch-size 4 \
+		--max-minutes 10 --out drafters/eagle-smollm2-135m,eagle)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

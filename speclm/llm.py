@@ -15,7 +15,7 @@ from speclm.models.llama import LlamaModel
 from speclm.models.loader import load_checkpoint
 from speclm.models.quant_linear import WeightFormat, convert_linear_layers
 from speclm.sampling_params import SamplingParams
-from speclm.spec.draft_model import DraftModelProposer
+from speclm.spec.draft_model import DraftModelProposer, load_token_map
 from speclm.spec.eagle import EagleProposer
 from speclm.spec.heads import load_head
 from speclm.spec.medusa import MedusaProposer
@@ -96,7 +96,8 @@ class LLM:
         if spec.label not in shared:
             shared[spec.label] = self._make_proposer(spec)
         template = shared[spec.label]
-        return DraftModelProposer(template.model, num_layers=template.num_layers, name=template.name)
+        return DraftModelProposer(template.model, num_layers=template.num_layers, name=template.name,
+                                  token_map=template.token_map)
 
     def _make_proposer(self, spec: SpecConfig) -> Proposer:
         if spec.method == "ngram":
@@ -122,7 +123,7 @@ class LLM:
                 f"draft model {spec.argument} has vocabulary {draft.config.vocab_size}, "
                 f"the target {self.model.config.vocab_size}; they must share a tokenizer"
             )
-        return DraftModelProposer(draft, name=spec.label)
+        return DraftModelProposer(draft, name=spec.label, token_map=load_token_map(spec.argument, draft.config.vocab_size))
 
     # -- prompts -------------------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:

@@ -1,6 +1,9 @@
 """Draft-model proposers: a separate small model (draft:PATH) or the target's first N layers (layerskip:N)."""
 from __future__ import annotations
 
+import json
+import os
+
 import torch
 
 from speclm.models.layers import AttentionMetadata
@@ -9,6 +12,23 @@ from speclm.sample.sampler import processed_probs, sample_from_probs
 from speclm.sampling_params import SamplingParams
 from speclm.spec.proposer import Proposal
 
+TOKEN_MAP_FILE = "speclm_token_map.json"  # beside a draft's weights; not *.safetensors, which loaders read as weights
+
+
+def load_token_map(model_dir: str, vocab_size: int) -> torch.Tensor | None:
+    """A draft directory's frequent-token subset ([V'] token ids, written by `speclm distill`), or None."""
+    path = os.path.join(model_dir, TOKEN_MAP_FILE)
+    if not os.path.isdir(model_dir) or not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            ids = torch.tensor(json.load(f), dtype=torch.long)
+    except (json.JSONDecodeError, TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"{path}: not a list of token ids ({e})") from e
+    if ids.ndim != 1 or ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+        raise ValueError(f"{path}: token ids must be a non-empty list in [0, {vocab_size})")
+    return ids
+
 
 class DraftModelProposer:
     """Runs a cheaper model autoregressively for k steps with its own KV cache.
@@ -16,12 +36,24 @@ class DraftModelProposer:
     The cache stays in sync by construction: before each proposal the proposer keeps the longest
     prefix of what it has cached that still agrees with the committed context, and feeds the rest.
     So rejected drafts are rolled back without the engine telling it which ones.
+
+    With a `token_map` ([V'] token ids) the draft's head scores only that subset: its distribution q
+    is zero outside it, which the verifier handles like any other q (output stays exact), and the
+    head's matmul shrinks by vocab / V'.
     """
 
-    def __init__(self, model: LlamaModel, num_layers: int | None = None, name: str = "draft") -> None:
+    def __init__(self, model: LlamaModel, num_layers: int | None = None, name: str = "draft",
+                 token_map: torch.Tensor | None = None) -> None:
         self.model = model
         self.num_layers = num_layers
         self.name = name
+        self.token_map = token_map
+        self.vocab_size = model.config.vocab_size
+        self.head_weight = None
+        if token_map is not None:
+            head = model.lm_head
+            full = head.dequantized_weight() if hasattr(head, "dequantized_weight") else head.weight
+            self.head_weight = full.detach()[token_map].float().contiguous()  # [V', hidden]
         self.cache = None
         self.cached_ids: list[int] = []
 
@@ -41,7 +73,17 @@ class DraftModelProposer:
         )
         self.cache.truncate(start + len(tokens))
         self.cached_ids.extend(tokens)
-        return self.model.compute_logits(hidden, [-1])
+        if self.head_weight is None:
+            return self.model.compute_logits(hidden, [-1])
+        return torch.nn.functional.linear(hidden[-1:].float(), self.head_weight)  # [1, V'] over the token map
+
+    def _full_vocab(self, probs: torch.Tensor) -> torch.Tensor:
+        """q over the subset [1, V'] -> q over the vocabulary [1, vocab], zero outside the map."""
+        if self.token_map is None:
+            return probs
+        full = probs.new_zeros(probs.shape[0], self.vocab_size)
+        full[:, self.token_map] = probs
+        return full
 
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
         keep = 0
@@ -55,9 +97,10 @@ class DraftModelProposer:
         probs: list[torch.Tensor] = []
         for i in range(k):
             if params.greedy:
-                token = int(logits.argmax(-1))
+                best = int(logits.argmax(-1))  # an index into the token map when there is one
+                token = best if self.token_map is None else int(self.token_map[best])
             else:
-                q = processed_probs(logits, params)  # [1, vocab]
+                q = self._full_vocab(processed_probs(logits, params))  # [1, vocab]
                 token = int(sample_from_probs(q, generator))
                 probs.append(q[0])
             tokens.append(token)

@@ -1,0 +1,1 @@
+"""Knowledge distillation for drafters: losses, cached target data, and the training loop."""

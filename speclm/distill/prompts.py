@@ -1,0 +1,91 @@
+"""Training prompts for drafters: Spec-Bench prompts the benchmark does not use, plus our own."""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+# The benchmark (speclm/bench/prompts.py) takes the first N prompts of each category in file order;
+# N is at most this in every committed run, so training starts after them.
+BENCHMARK_PER_CATEGORY = 10
+
+# Written for this project: varied chat, coding, math, explanation and list requests.
+OWN_PROMPTS = [
+    "Hi! How are you doing today?",
+    "Can you recommend a good book for a long train ride?",
+    "What should I cook for dinner tonight if I only have eggs, rice and spinach?",
+    "Tell me a short joke about computers.",
+    "I feel nervous before my job interview tomorrow. Any advice?",
+    "What is a fun weekend activity for a family with two young kids?",
+    "Write a polite email asking my manager for a day off next Friday.",
+    "Say something encouraging to a student who failed an exam.",
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "How do I reverse a list in Python? Show two ways.",
+    "Explain what a Python dictionary is, with a short example.",
+    "Write a JavaScript function that sums the numbers in an array.",
+    "What does the SQL statement SELECT COUNT(*) FROM users WHERE age > 30 do?",
+    "Write a bash command that counts the lines in every .txt file in a folder.",
+    "What is the difference between a list and a tuple in Python?",
+    "What is 17 times 23? Show your steps.",
+    "A shirt costs $40 and is on sale for 25% off. What is the sale price?",
+    "Solve for x: 3x + 7 = 22.",
+    "If a train travels 180 km in 2 hours, what is its average speed?",
+    "What is the sum of the first 10 positive integers?",
+    "Tom has 12 apples and gives a third of them to Anna. How many does he have left?",
+    "Is 91 a prime number? Explain.",
+    "What is the area of a circle with radius 3 cm?",
+    "Explain photosynthesis in simple terms.",
+    "Why is the sky blue?",
+    "How does a refrigerator keep food cold?",
+    "Explain what inflation is to a teenager.",
+    "What causes the seasons on Earth?",
+    "How do vaccines help the immune system?",
+    "Explain the difference between weather and climate.",
+    "What is machine learning, in two or three sentences?",
+    "List five tips for getting better sleep.",
+    "List the planets of the solar system in order from the Sun.",
+    "Give me a list of five healthy snacks.",
+    "List four ways to save money on groceries.",
+    "What are three benefits of regular exercise?",
+    "Name five famous painters and one work by each.",
+    "List the steps to make a cup of tea.",
+    "Give three ideas for a birthday gift for a friend who likes hiking.",
+    "Write a haiku about autumn leaves.",
+    "Summarize the story of Cinderella in three sentences.",
+]
+
+
+def _rows(path: str) -> list[dict]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                rows.append({"category": row["category"], "text": row["turns"][0]})
+            except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
+                raise ValueError(f"{path}:{line_no}: not a Spec-Bench prompt line ({e})") from e
+    return rows
+
+
+def split_specbench(path: str, benchmark_per_category: int = BENCHMARK_PER_CATEGORY) -> tuple[list[str], list[str]]:
+    """(benchmark prompts, training prompts): the first `benchmark_per_category` first turns of each
+    category in file order are what `speclm bench --per-category N<=that` reports on; the rest may
+    be trained on."""
+    taken: dict[str, int] = defaultdict(int)
+    bench, train = [], []
+    for row in _rows(path):
+        if taken[row["category"]] < benchmark_per_category:
+            taken[row["category"]] += 1
+            bench.append(row["text"])
+        else:
+            train.append(row["text"])
+    return bench, train
+
+
+def training_prompts(specbench_path: str | None, benchmark_per_category: int = BENCHMARK_PER_CATEGORY,
+                     own: bool = True) -> list[str]:
+    """Spec-Bench prompts outside the benchmark split, then (with own=True) OWN_PROMPTS."""
+    train = split_specbench(specbench_path, benchmark_per_category)[1] if specbench_path else []
+    return train + (list(OWN_PROMPTS) if own else [])
