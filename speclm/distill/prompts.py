@@ -55,6 +55,31 @@ OWN_PROMPTS = [
 ]
 
 
+# More training data without a network: every template applied to every topic (the first drafters,
+# trained on ~190 prompts only, agreed with the target on 80-90% of training tokens but only 14-24%
+# of held-out ones: they memorised).
+TOPICS = [
+    "black holes", "the French Revolution", "climate change", "the human heart", "volcanoes",
+    "the stock market", "renewable energy", "the Roman Empire", "honey bees", "artificial intelligence",
+    "the water cycle", "the printing press", "electric cars", "the immune system", "coral reefs",
+    "the Industrial Revolution", "quantum computing", "the Moon landing", "recycling", "the Great Wall of China",
+    "jazz music", "the internet", "earthquakes", "the Olympic Games", "chess", "coffee",
+    "the Amazon rainforest", "vaccines", "democracy", "the Renaissance", "sleep", "social media",
+    "the periodic table", "dinosaurs", "cryptography", "remote work", "the ocean tides", "bread baking",
+    "public transport", "the Silk Road", "photosynthesis", "video games", "urban gardening",
+    "the theory of evolution", "solar panels", "the Mars rovers", "languages and dialects", "friendship",
+]
+TEMPLATES = [
+    "Explain {} to a beginner.",
+    "Write a short essay about {}.",
+    "What are the main advantages and disadvantages of {}?",
+    "Give me five interesting facts about {}.",
+    "Summarize the history of {} in a few paragraphs.",
+    "Write a short story in which {} plays an important role.",
+]
+TOPIC_PROMPTS = [template.format(topic) for topic in TOPICS for template in TEMPLATES]
+
+
 def _rows(path: str) -> list[dict]:
     rows = []
     with open(path, encoding="utf-8") as f:
@@ -86,6 +111,6 @@ def split_specbench(path: str, benchmark_per_category: int = BENCHMARK_PER_CATEG
 
 def training_prompts(specbench_path: str | None, benchmark_per_category: int = BENCHMARK_PER_CATEGORY,
                      own: bool = True) -> list[str]:
-    """Spec-Bench prompts outside the benchmark split, then (with own=True) OWN_PROMPTS."""
+    """Spec-Bench prompts outside the benchmark split, then (with own=True) OWN_PROMPTS and TOPIC_PROMPTS."""
     train = split_specbench(specbench_path, benchmark_per_category)[1] if specbench_path else []
-    return train + (list(OWN_PROMPTS) if own else [])
+    return train + (list(OWN_PROMPTS) + TOPIC_PROMPTS if own else [])
