@@ -28,6 +28,7 @@ CONFIGS = [  # (label, kind, method, extra), in priority order: a run cut short 
     ("fp32", "none", None, {}),
     ("RTN int4 (g128)", "quantize", "rtn-int4", {}),
     ("GPTQ int4 (g128)", "quantize", "gptq-int4", {}),
+    ("GPTQ int4 (g128) without act-order", "quantize", "gptq-int4", {"act_order": False}),
     ("AWQ int4 (g128)", "quantize", "awq-int4", {}),
     ("magnitude 50%", "prune", "magnitude", {"sparsity": 0.5}),
     ("Wanda 50%", "prune", "wanda", {"sparsity": 0.5}),
@@ -58,6 +59,7 @@ def cli_command(kind: str, method: str | None, extra: dict, a: argparse.Namespac
     if kind == "quantize":
         needs = QuantizeOptions(method).needs_calibration
         cmd = f"speclm quantize {model}--method {method} --out DIR" + (calib if needs else "")
+        cmd += " --no-act-order" if extra.get("act_order") is False else ""
     else:
         opt = f"--pattern {extra['pattern']}" if "pattern" in extra else f"--sparsity {extra['sparsity']}"
         cmd = f"speclm prune {model}--method {method} {opt} --out DIR" + (calib if method in ("wanda", "sparsegpt") else "")
@@ -84,7 +86,7 @@ def run(a: argparse.Namespace) -> None:
         model = rebuild(checkpoint)
         sparsity = None
         if kind == "quantize":
-            options = QuantizeOptions(method)
+            options = QuantizeOptions(method, act_order=extra.get("act_order", True))
             quantize_model(model, options, calib if options.needs_calibration else None)
             if options.algorithm == "smoothquant":
                 apply_activation_quant(model, 8)
@@ -101,7 +103,8 @@ def run(a: argparse.Namespace) -> None:
             json.dump(report, f, indent=2)
 
 
-PAIRS = [("GPTQ int4 (g128)", "RTN int4 (g128)"), ("AWQ int4 (g128)", "RTN int4 (g128)"),
+PAIRS = [("GPTQ int4 (g128)", "RTN int4 (g128)"), ("GPTQ int4 (g128) without act-order", "RTN int4 (g128)"),
+         ("GPTQ int4 (g128)", "GPTQ int4 (g128) without act-order"), ("AWQ int4 (g128)", "RTN int4 (g128)"),
          ("GPTQ int3 (g128)", "RTN int3 (g128)"), ("AWQ int3 (g128)", "RTN int3 (g128)"),
          ("SparseGPT 50%", "Wanda 50%"), ("SparseGPT 2:4", "Wanda 2:4")]
 
