@@ -79,6 +79,13 @@ def run(a: argparse.Namespace) -> None:
               "calibration": {"exclude_categories": EVAL_CATEGORIES, "samples": a.calib_samples,
                               "seq_len": a.calib_seq_len, "seed": a.seed}, "results": []}
     only = set(a.only.split(",")) if a.only else None
+    if a.update:  # re-run some rows of an existing report: same eval and calibration, other rows kept
+        with open(a.json) as f:
+            old = json.load(f)
+        if (old["eval"], old["calibration"]) != (report["eval"], report["calibration"]):
+            raise SystemExit(f"--update: {a.json} was made with another eval/calibration setup; rows would not compare")
+        report["results"] = [row for row in old["results"] if not only or row["config"] not in only]
+    order = [c[0] for c in CONFIGS]
     for label, kind, method, extra in CONFIGS:
         if only and label not in only:
             continue
@@ -99,6 +106,7 @@ def run(a: argparse.Namespace) -> None:
         print(json.dumps(row), flush=True)
         row["window_nll"] = result.window_nll
         report["results"].append(row)
+        report["results"].sort(key=lambda r: order.index(r["config"]))
         with open(a.json, "w") as f:
             json.dump(report, f, indent=2)
 
@@ -171,6 +179,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", default=None, help="comma-separated configuration labels to run")
     p.add_argument("--json", default=None, help="write results here (JSON)")
+    p.add_argument("--update", action="store_true", help="keep the other rows of an existing --json (with --only)")
     p.add_argument("--markdown", nargs="+", default=None, metavar="JSON", help="render these JSON reports as markdown")
     a = p.parse_args()
     if a.markdown:
