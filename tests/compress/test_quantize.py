@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from speclm.compress.awq import awq_scale_layer
+from speclm.compress.awq import awq_scale_layer, output_mse
 from speclm.compress.calibration import hessian
 from speclm.compress.gptq import gptq
 from speclm.compress.qformat import fp8_quantize, pack, unpack
@@ -100,6 +100,13 @@ def test_gptq_lazy_batches_equal_the_unblocked_reference(scheme, block_size):
     reference = gptq_reference(w, h, scheme)
     same = torch.isclose(ours, reference, atol=1e-4)
     assert same.float().mean() > 0.995, same.float().mean()
+
+
+def test_awq_loss_from_the_gram_matrix_equals_the_direct_output_error():
+    x = correlated_inputs(n=300, cin=48)
+    delta = torch.randn(20, 48, generator=torch.Generator().manual_seed(4)) * 0.01
+    direct = (x @ delta.T).pow(2).mean().item()
+    assert output_mse(delta, x.T @ x, x.shape[0]) == pytest.approx(direct, rel=1e-4)
 
 
 def tiny_layer(num_kv_heads: int) -> tuple[ModelConfig, DecoderLayer]:
