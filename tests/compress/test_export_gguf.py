@@ -60,13 +60,14 @@ def test_exported_tokenizer_round_trips(exported):
     assert reloaded.decode(original.encode(text)) == text
 
 
-def test_llama_cpp_runs_the_export_with_our_greedy_tokens(exported):
+def llama_cpp_agrees_with_us(path: str, prompt: str) -> None:
+    """llama.cpp tokenizes `prompt` as we do and its greedy tokens equal ours (both reading `path`)."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    ours = LLM(exported["f32"], threads=1)
-    expected = ours.generate(PROMPT, GREEDY)[0].token_ids
-    llm = llama_cpp.Llama(model_path=exported["f32"], n_ctx=128, n_threads=1, logits_all=True, verbose=False)
-    ids = llm.tokenize(PROMPT.encode(), add_bos=True)
-    assert ids == ours.tokenizer.encode(PROMPT)
+    ours = LLM(path, threads=1)
+    expected = ours.generate(prompt, GREEDY)[0].token_ids
+    llm = llama_cpp.Llama(model_path=path, n_ctx=128, n_threads=1, logits_all=True, verbose=False)
+    ids = llm.tokenize(prompt.encode(), add_bos=ours.tokenizer.add_bos)
+    assert ids == ours.tokenizer.encode(prompt)
     llm.eval(ids)
     got = []
     for _ in range(GREEDY.max_tokens):
@@ -75,9 +76,21 @@ def test_llama_cpp_runs_the_export_with_our_greedy_tokens(exported):
     assert got == expected
 
 
+def test_llama_cpp_runs_the_export_with_our_greedy_tokens(exported):
+    llama_cpp_agrees_with_us(exported["f32"], PROMPT)  # SentencePiece tokenizer, int4 weights
+
+
 def test_export_errors_are_clear(gptq_dir, tmp_path, capsys):
     assert main(["export", "gguf", "--model", gptq_dir, "--out", str(tmp_path / "x.bin")]) == 2
     assert "--out must name a .gguf file" in capsys.readouterr().err
     # The saved tokenizer.json has byte fallback but no scores: the error says to pass the original tokenizer.
     assert main(["export", "gguf", "--model", gptq_dir, "--out", str(tmp_path / "x.gguf")]) == 2
     assert "--tokenizer" in capsys.readouterr().err
+
+
+def test_llama_cpp_runs_the_exported_default_model_like_us(tmp_path):
+    """The byte-level BPE path on the real default model: f16 export, same prompt ids and greedy tokens."""
+    pytest.importorskip("llama_cpp")
+    path = str(tmp_path / "smollm2-f16.gguf")
+    assert main(["export", "gguf", "--out", path, "--type", "f16"]) == 0
+    llama_cpp_agrees_with_us(path, "def fibonacci(n):")
