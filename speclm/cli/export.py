@@ -26,7 +26,7 @@ def register(sub) -> None:
     g.add_argument("--model", "-m", default=None, help="model path (default: SmolLM2-135M-Instruct)")
     g.add_argument("--tokenizer", default=None, help="tokenizer file when the model has none inside (llama2.c)")
     g.add_argument("--out", required=True, metavar="FILE.gguf", help="the GGUF file to write")
-    g.add_argument("--type", default="f16", choices=list(GGUF_TYPES),
+    g.add_argument("--type", default="f16", type=str.lower, choices=list(GGUF_TYPES),
                    help="tensor type of the weight matrices (norms stay f32, as in llama.cpp; default f16)")
     g.set_defaults(run=run_gguf)
     p.set_defaults(run=lambda args: p.print_help() or 2)
