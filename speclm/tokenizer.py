@@ -42,6 +42,9 @@ class Tokenizer:
         self.eos_token_ids = list(eos_token_ids)
         self.add_bos = add_bos
         self.chat_template = chat_template
+        # SentencePiece models (llama2.c, GGUF "llama"): (pieces, scores, add_space_prefix), kept so that
+        # GGUF export can write them back; the backend alone does not keep the scores.
+        self.sentencepiece: tuple[list[str], list[float], bool] | None = None
 
     # -- encoding / decoding -------------------------------------------------------------
     @property
@@ -122,7 +125,10 @@ class Tokenizer:
         add_special_tokens(backend, tokens, token_types)
         add_bos = field_value(reader, "tokenizer.ggml.add_bos_token", default_add_bos)
         eos_ids = list(dict.fromkeys(int(x) for x in (eos, eot) if x is not None))
-        return cls(backend, bos, eos_ids, bool(add_bos), field_value(reader, "tokenizer.chat_template"))
+        tokenizer = cls(backend, bos, eos_ids, bool(add_bos), field_value(reader, "tokenizer.chat_template"))
+        if kind == "llama":
+            tokenizer.sentencepiece = (list(tokens), [float(s) for s in scores], bool(add_space))
+        return tokenizer
 
     @classmethod
     def from_hf_dir(cls, path: str) -> "Tokenizer":
@@ -186,7 +192,9 @@ class Tokenizer:
         backend = sentencepiece_bpe(pieces, scores, add_dummy_prefix=True)
         types = [3 if i < 3 else 1 for i in range(len(pieces))]  # <unk>, "\n<s>\n", "\n</s>\n"
         add_special_tokens(backend, pieces, types)
-        return cls(backend, bos_token_id=1, eos_token_ids=[2], add_bos=True)
+        tokenizer = cls(backend, bos_token_id=1, eos_token_ids=[2], add_bos=True)
+        tokenizer.sentencepiece = (pieces, scores, True)
+        return tokenizer
 
 
 def byte_level_bpe(tokens: list[str], merges: list[tuple[str, str]], pre: str | None) -> BackendTokenizer:

@@ -81,7 +81,7 @@ def test_chat_answers_piped_stdin(default_llm, capsys, monkeypatch):
 
 
 # What each subcommand's --help must mention: its model option, or what it takes instead.
-HELP_MUST_MENTION = {"eval": "ppl", "merge": "--config"}
+HELP_MUST_MENTION = {"eval": "ppl", "merge": "--config", "export": "gguf"}
 
 
 @pytest.mark.parametrize("command", [m.__name__.rsplit(".", 1)[-1] for m in COMMANDS])
@@ -99,6 +99,13 @@ def test_eval_ppl_help_explains_its_options(capsys):
         main(["eval", "ppl", "--help"])
     out = capsys.readouterr().out
     assert "--model" in out and "--text" in out and "--seq-len" in out
+
+
+def test_export_gguf_help_explains_its_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["export", "gguf", "--help"])
+    out = capsys.readouterr().out
+    assert "--model" in out and "--out" in out and "f16" in out and "q8_0" in out and "llama.cpp" in out
 
 
 def test_top_level_help_lists_commands(capsys):

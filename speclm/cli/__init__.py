@@ -4,10 +4,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from speclm.cli import bench, chat, distill, eval, generate, merge, prune, quantize, serve
+from speclm.cli import bench, chat, distill, eval, export, generate, merge, prune, quantize, serve
 
 # Each module exposes register(subparsers) that adds its parser with set_defaults(run=...).
-COMMANDS = [generate, chat, serve, bench, eval, quantize, prune, merge, distill]
+COMMANDS = [generate, chat, serve, bench, eval, quantize, prune, merge, export, distill]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,7 +24,10 @@ def register(sub) -> None:
     sym = p.add_mutually_exclusive_group()
     sym.add_argument("--sym", dest="sym", action="store_true", default=None, help="symmetric grid (zero point fixed)")
     sym.add_argument("--asym", dest="sym", action="store_false", help="asymmetric grid (min/max)")
-    p.add_argument("--act-order", action="store_true", help="GPTQ: quantize columns by descending Hessian diagonal")
+    p.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=True,
+                   help="GPTQ: quantize columns by descending Hessian diagonal, group params fixed up front (static "
+                   "groups, so stored groups stay contiguous). Default on: without it GPTQ int4 lost to RTN on "
+                   "SmolLM2 (benchmarks/compression.md)")
     p.add_argument("--percdamp", type=float, default=0.01, help="GPTQ: Hessian dampening, fraction of its mean diagonal")
     p.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant migration strength in [0, 1] (default 0.5)")
     p.add_argument("--qat-steps", type=int, default=50, help="qat-*: training windows, one AdamW step each (default 50)")

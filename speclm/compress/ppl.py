@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,7 @@ class PerplexityResult:
     tokens: int
     windows: int
     seq_len: int
+    window_nll: list[float] = field(default_factory=list)  # summed NLL of each window (for paired comparisons)
 
     def to_dict(self) -> dict:
         return {"perplexity": self.perplexity, "tokens": self.tokens, "windows": self.windows, "seq_len": self.seq_len}
@@ -37,9 +38,7 @@ def window_nll(model: LlamaModel, window: torch.Tensor) -> torch.Tensor:
 
 def perplexity(model: LlamaModel, windows: torch.Tensor, progress: bool = True) -> PerplexityResult:
     """Perplexity of `model` over windows [num_windows, seq_len], each evaluated independently."""
-    total = torch.zeros((), dtype=torch.float64)
-    for window in tqdm(windows, desc="perplexity", unit="window", disable=not progress):
-        total += window_nll(model, window)
+    nll = [window_nll(model, w).item() for w in tqdm(windows, desc="perplexity", unit="window", disable=not progress)]
     num_windows, seq_len = windows.shape
     tokens = num_windows * (seq_len - 1)
-    return PerplexityResult(math.exp(total.item() / tokens), tokens, num_windows, seq_len)
+    return PerplexityResult(math.exp(math.fsum(nll) / tokens), tokens, num_windows, seq_len, nll)

@@ -39,7 +39,7 @@ class QuantizeOptions:
     method: str
     group_size: int | None = None
     sym: bool | None = None
-    act_order: bool = False
+    act_order: bool = True  # GPTQ: columns by descending Hessian diagonal (static groups: no runtime cost)
     percdamp: float = 0.01
     alpha: float = 0.5  # SmoothQuant migration strength
     qat_steps: int = 50  # QAT: training windows (one optimizer step each)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 
@@ -9,6 +10,7 @@ from speclm.models.checkpoint import Checkpoint
 from speclm.models.gguf_loader import _GLOBAL_NAMES, _LAYER_NAMES, half_split_to_rope_rows
 
 EXPORT_TENSOR_TYPES = ("F32", "F16", "Q8_0")
+_BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")
 
 # HF tensor name suffix -> GGUF name suffix (the loader's tables, inverted).
 _TO_GGUF_LAYER = {hf: gg for gg, hf in _LAYER_NAMES.items()}
@@ -25,12 +27,13 @@ def gguf_name(hf_name: str) -> str:
     raise ValueError(f"tensor {hf_name!r} has no GGUF name (not part of a llama-family model)")
 
 
-def export_gguf(checkpoint: Checkpoint, tokenizer, path: str, tensor_type: str = "F32") -> None:
+def export_gguf(checkpoint: Checkpoint, tokenizer, path: str, tensor_type: str = "F32") -> list[str]:
     """Write `checkpoint` to `path` as GGUF (architecture llama or qwen2; mistral is written as llama).
 
     tokenizer: a speclm Tokenizer with a byte-level BPE backend, or None to write weights only.
     tensor_type: "F32", "F16" or "Q8_0" for the 2-D weight matrices; norms and biases stay F32 as
-    in llama.cpp. Q8_0 needs rows that are a multiple of 32 long. Llama Q/K rows are permuted to
+    in llama.cpp. Q8_0 needs rows that are a multiple of 32 long; other matrices are written F16, as
+    llama.cpp's converter does, and their GGUF names are returned. Llama Q/K rows are permuted to
     llama.cpp's interleaved RoPE layout; qwen2's are written as they are (llama.cpp uses NEOX rope there).
     """
     import gguf
@@ -66,29 +69,34 @@ def export_gguf(checkpoint: Checkpoint, tokenizer, path: str, tensor_type: str =
     if tokenizer is not None:
         _add_tokenizer(writer, tokenizer)
 
+    as_f16: list[str] = []
     for name, tensor in checkpoint.tensors.items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue  # llama.cpp omits output.weight when it is the embedding
         w = tensor.detach().float()
         if arch == "llama" and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
             w = half_split_to_rope_rows(w, config.num_heads if "q_proj" in name else config.num_kv_heads)
-        _add_tensor(writer, gguf, gguf_name(name), w.numpy(), tensor_type)
+        if _add_tensor(writer, gguf, gguf_name(name), w.numpy(), tensor_type):
+            as_f16.append(gguf_name(name))
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return as_f16
 
 
-def _add_tensor(writer, gguf, name: str, array: np.ndarray, tensor_type: str) -> None:
+def _add_tensor(writer, gguf, name: str, array: np.ndarray, tensor_type: str) -> str | None:
+    """Add one tensor; returns its name when Q8_0 was asked for but it was written F16."""
     array = np.ascontiguousarray(array, dtype=np.float32)
     if array.ndim < 2 or tensor_type == "F32":
         writer.add_tensor(name, array)
     elif tensor_type == "F16":
         writer.add_tensor(name, array.astype(np.float16))
     else:
-        if array.shape[-1] % 32:
-            raise ValueError(f"tensor {name} rows have {array.shape[-1]} values; Q8_0 needs a multiple of 32")
+        if array.shape[-1] % 32:  # as llama.cpp's converter does: rows that do not fill Q8_0 blocks go F16
+            writer.add_tensor(name, array.astype(np.float16))
+            return name
         kind = gguf.GGMLQuantizationType.Q8_0
         writer.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
 
@@ -118,11 +126,15 @@ def _add_rope_scaling(writer, checkpoint: Checkpoint) -> None:
 
 
 def _add_tokenizer(writer, tokenizer) -> None:
-    """tokenizer.ggml.* metadata for a byte-level BPE ("gpt2") tokenizer."""
+    """tokenizer.ggml.* metadata: SentencePiece ("llama") or byte-level BPE ("gpt2")."""
+    if tokenizer.sentencepiece is not None:
+        _add_sentencepiece(writer, tokenizer)
+        return
     spec = json.loads(tokenizer.backend.to_str())
     model = spec["model"]
     if model.get("type") != "BPE" or model.get("byte_fallback"):
-        raise ValueError("GGUF tokenizer export supports byte-level BPE tokenizers only")
+        raise ValueError("GGUF tokenizer export supports byte-level BPE and SentencePiece (llama2.c/GGUF) tokenizers; "
+                         "this one came from a tokenizer.json with byte fallback: pass the original --tokenizer")
     vocab: dict[str, int] = dict(model["vocab"])
     special = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
     added = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if not t.get("special")}
@@ -141,6 +153,25 @@ def _add_tokenizer(writer, tokenizer) -> None:
     writer.add_token_types(types)
     writer.add_token_merges(merges)
     writer.add_add_bos_token(tokenizer.add_bos)
+    if tokenizer.chat_template:
+        writer.add_chat_template(tokenizer.chat_template)
+
+
+def _add_sentencepiece(writer, tokenizer) -> None:
+    """A SentencePiece vocabulary as llama.cpp's "llama" tokenizer: pieces, scores and token types
+    (unknown, control, byte-fallback <0xXX> and normal, the ids llama.cpp's llama2.c converter uses)."""
+    pieces, scores, add_space_prefix = tokenizer.sentencepiece
+    control = {tokenizer.bos_token_id, *tokenizer.eos_token_ids}
+    unk = pieces.index("<unk>") if "<unk>" in pieces else None
+    types = [2 if i == unk else 3 if i in control else 6 if _BYTE_PIECE.fullmatch(p) else 1 for i, p in enumerate(pieces)]
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(pieces)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    if unk is not None:
+        writer.add_unk_token_id(unk)
+    writer.add_add_bos_token(tokenizer.add_bos)
+    writer.add_add_space_prefix(add_space_prefix)
     if tokenizer.chat_template:
         writer.add_chat_template(tokenizer.chat_template)
 

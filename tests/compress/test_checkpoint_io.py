@@ -103,6 +103,8 @@ def test_eval_ppl_json_and_quantize_cli_with_calibration(tmp_path, capsys):
     assert main(["eval", "ppl", "--model", out, *text]) == 0
     quantized = json.loads(capsys.readouterr().out)
     assert base["perplexity"] < quantized["perplexity"] < 1.5 * base["perplexity"]
+    with open(f"{out}/config.json") as f:  # act-order is GPTQ's default (--no-act-order turns it off)
+        assert json.load(f)["quantization_config"]["act_order"] is True
 
 
 def test_user_mistakes_are_one_line_errors(capsys):
