@@ -136,14 +136,19 @@ class Int8Linear(QuantizedLinear):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__(weight.shape[1], weight.shape[0], bias)
         q, scales = quantize_int8(weight.detach().float())
-        self.register_buffer("weight", q.contiguous())  # [out, in] int8
+        # torch's kernel crashes (segfault) when the input width is not a multiple of 8 (stories260K's
+        # 172-wide down_proj): such weights get zero columns, and inputs zeros, which adds nothing.
+        self.pad = -self.in_features % 8
+        self.register_buffer("weight", F.pad(q, (0, self.pad)).contiguous())  # [out, in + pad] int8
         self.register_buffer("scales", scales.to(COMPUTE_DTYPE))  # [out]
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pad:
+            x = F.pad(x, (0, self.pad))
         return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
 
     def dequantized_weight(self) -> torch.Tensor:
-        return self.weight.float() * self.scales.float()[:, None]
+        return self.weight[:, : self.in_features].float() * self.scales.float()[:, None]
 
 
 class Int4Linear(QuantizedLinear):
