@@ -40,11 +40,11 @@ draft: $(if $(filter $(BIN)/python,$(DISTILL_PY)),install)
 	@mkdir -p drafters
 	@$(call STAGE,$(DISTILL) --student draft --layers 2 --init-only --out drafters/draft-smollm2-135m-init,data+draft-init)
 	@$(call STAGE,$(DISTILL) --student draft --layers 2 --loss fkl --alpha 0.1 --steps 600 --batch-size 4 \
-		--max-minutes 10 --out drafters/draft-smollm2-135m,draft)
+		--max-minutes 8 --out drafters/draft-smollm2-135m,draft)
 	@$(call STAGE,$(DISTILL) --student medusa --medusa-heads 4 --steps 300 --batch-size 8 \
-		--max-minutes 9 --out drafters/medusa-smollm2-135m,medusa)
-	@$(call STAGE,$(DISTILL) --student eagle --unroll 2 --steps 600 --batch-size 4 \
-		--max-minutes 10 --out drafters/eagle-smollm2-135m,eagle)
+		--max-minutes 5 --out drafters/medusa-smollm2-135m,medusa)
+	@$(call STAGE,$(DISTILL) --student eagle --unroll 2 --steps 1500 --batch-size 4 \
+		--max-minutes 24 --out drafters/eagle-smollm2-135m,eagle)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
