@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     write_json(paths["json"], {"command": command, "machine": machine, "methods": methods,
                                "params": vars(params), "k": args.k, "adaptive": not args.no_adaptive,
                                "summary": summary, "records": records})
-    table = markdown_table(summary, methods, title, command, machine)
+    table = markdown_table(summary, methods, title, command, machine, greedy=args.temperature == 0)
     with open(paths["md"], "w") as f:
         f.write(table)
     plot_speedups(paths["png"], summary, methods, title)
