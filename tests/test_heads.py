@@ -4,7 +4,7 @@ import torch
 
 from speclm.models.layers import AttentionMetadata
 from speclm.models.llama import LlamaModel
-from speclm.spec.heads import EagleHead, MedusaHeads, head_logits, load_head, save_head
+from speclm.spec.heads import EagleHead, MedusaHeads, draft_lm_head, load_head, save_head
 
 
 @pytest.fixture(scope="module")
@@ -20,12 +20,14 @@ def test_untrained_medusa_heads_are_the_identity(target):
     torch.testing.assert_close(out, features.expand(3, -1, -1), rtol=0, atol=0)
 
 
-def test_token_map_restricts_head_logits_to_the_subset(target):
+def test_token_map_restricts_the_draft_head_to_the_subset(target):
     token_map = torch.tensor([7, 3, 100])
     features = torch.randn(2, target.config.hidden_size)
-    full = head_logits(target.lm_head, features, None)
-    subset = head_logits(target.lm_head, features, token_map)
+    full = target.lm_head(features)
+    subset = draft_lm_head(target.lm_head, token_map)(features)
+    assert subset.shape == (2, 3)
     torch.testing.assert_close(subset, full[:, token_map], rtol=1e-5, atol=1e-5)
+    assert draft_lm_head(target.lm_head, None) is target.lm_head
     with pytest.raises(ValueError, match="token_map"):
         MedusaHeads(target.config.hidden_size, target.config.vocab_size, token_map=torch.tensor([target.config.vocab_size]))
 

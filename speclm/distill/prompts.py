@@ -1,8 +1,7 @@
 """Training prompts for drafters: Spec-Bench prompts the benchmark does not use, plus our own."""
 from __future__ import annotations
 
-import json
-from collections import defaultdict
+from speclm.bench.prompts import load_prompts
 
 # The benchmark (speclm/bench/prompts.py) takes the first N prompts of each category in file order;
 # N is at most this in every committed run, so training starts after them.
@@ -80,33 +79,13 @@ TEMPLATES = [
 TOPIC_PROMPTS = [template.format(topic) for topic in TOPICS for template in TEMPLATES]
 
 
-def _rows(path: str) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                rows.append({"category": row["category"], "text": row["turns"][0]})
-            except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
-                raise ValueError(f"{path}:{line_no}: not a Spec-Bench prompt line ({e})") from e
-    return rows
-
-
 def split_specbench(path: str, benchmark_per_category: int = BENCHMARK_PER_CATEGORY) -> tuple[list[str], list[str]]:
-    """(benchmark prompts, training prompts): the first `benchmark_per_category` first turns of each
-    category in file order are what `speclm bench --per-category N<=that` reports on; the rest may
-    be trained on."""
-    taken: dict[str, int] = defaultdict(int)
-    bench, train = [], []
-    for row in _rows(path):
-        if taken[row["category"]] < benchmark_per_category:
-            taken[row["category"]] += 1
-            bench.append(row["text"])
-        else:
-            train.append(row["text"])
-    return bench, train
+    """(benchmark prompts, training prompts): the benchmark's own selection (speclm.bench.prompts,
+    the first `benchmark_per_category` first turns of each category in file order), and the rest."""
+    bench = load_prompts(path, per_category=benchmark_per_category)
+    bench_ids = {p["id"] for p in bench}
+    train = [p["text"] for p in load_prompts(path) if p["id"] not in bench_ids]
+    return [p["text"] for p in bench], train
 
 
 def training_prompts(specbench_path: str | None, benchmark_per_category: int = BENCHMARK_PER_CATEGORY,

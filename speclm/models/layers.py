@@ -88,7 +88,6 @@ class RotaryEmbedding(nn.Module):
         inv_freq, self.attention_scaling = rope_inverse_frequencies(config)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("cos_table", torch.empty(0), persistent=False)
-        self.register_buffer("sin_table", torch.empty(0), persistent=False)
         self.register_buffer("signed_sin_table", torch.empty(0), persistent=False)
         self._grow(max(config.max_position_embeddings, 1) if config.max_position_embeddings <= 32768 else 4096)
 
@@ -97,8 +96,8 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(t, self.inv_freq)  # [length, head_dim/2]
         emb = torch.cat([freqs, freqs], dim=-1)  # [length, head_dim]
         self.cos_table = emb.cos() * self.attention_scaling
-        self.sin_table = emb.sin() * self.attention_scaling
-        self._grow_signed()
+        sin, half = emb.sin() * self.attention_scaling, emb.shape[-1] // 2
+        self.signed_sin_table = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # see apply_rope
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin (see apply_rope) for each position: [num_tokens, head_dim] each."""
@@ -106,10 +105,6 @@ class RotaryEmbedding(nn.Module):
         if needed > self.cos_table.shape[0]:
             self._grow(max(needed, 2 * self.cos_table.shape[0]))
         return self.cos_table[positions], self.signed_sin_table[positions]
-
-    def _grow_signed(self) -> None:
-        half = self.sin_table.shape[-1] // 2
-        self.signed_sin_table = torch.cat([-self.sin_table[:, :half], self.sin_table[:, half:]], dim=-1)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

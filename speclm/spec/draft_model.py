@@ -10,6 +10,7 @@ from speclm.models.layers import AttentionMetadata
 from speclm.models.llama import LlamaModel
 from speclm.sample.sampler import processed_probs, sample_from_probs
 from speclm.sampling_params import SamplingParams
+from speclm.spec.heads import draft_lm_head
 from speclm.spec.proposer import Proposal
 
 TOKEN_MAP_FILE = "speclm_token_map.json"  # beside a draft's weights; not *.safetensors, which loaders read as weights
@@ -49,11 +50,7 @@ class DraftModelProposer:
         self.name = name
         self.token_map = token_map
         self.vocab_size = model.config.vocab_size
-        self.head_weight = None
-        if token_map is not None:
-            head = model.lm_head
-            full = head.dequantized_weight() if hasattr(head, "dequantized_weight") else head.weight
-            self.head_weight = full.detach()[token_map].float().contiguous()  # [V', hidden]
+        self.lm_head = draft_lm_head(model.lm_head, token_map)  # over the token map when there is one
         self.cache = None
         self.cached_ids: list[int] = []
 
@@ -73,9 +70,7 @@ class DraftModelProposer:
         )
         self.cache.truncate(start + len(tokens))
         self.cached_ids.extend(tokens)
-        if self.head_weight is None:
-            return self.model.compute_logits(hidden, [-1])
-        return torch.nn.functional.linear(hidden[-1:].float(), self.head_weight)  # [1, V'] over the token map
+        return self.lm_head(hidden[-1:]).float()  # [1, vocab], or [1, V'] over the token map
 
     def _full_vocab(self, probs: torch.Tensor) -> torch.Tensor:
         """q over the subset [1, V'] -> q over the vocabulary [1, vocab], zero outside the map."""

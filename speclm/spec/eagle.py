@@ -8,7 +8,7 @@ from speclm.models.layers import AttentionMetadata
 from speclm.models.llama import LlamaModel
 from speclm.sample.sampler import processed_probs, sample_from_probs
 from speclm.sampling_params import SamplingParams
-from speclm.spec.heads import EagleHead, draft_lm_head, head_logits
+from speclm.spec.heads import EagleHead, draft_lm_head
 from speclm.spec.proposer import Proposal
 
 
@@ -81,7 +81,7 @@ class EagleProposer:
 
     def _top(self, features: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Top `count` (log-probabilities, token ids) per row of predicted features, [n, count] each."""
-        logp = torch.log_softmax(head_logits(self.lm_head, features, None), dim=-1)
+        logp = torch.log_softmax(self.lm_head(features).float(), dim=-1)
         values, index = torch.topk(logp, min(count, logp.shape[-1]), dim=-1)
         return values, (self.token_map[index] if self.token_map is not None else index)
 
@@ -112,7 +112,7 @@ class EagleProposer:
         return Proposal(tokens, torch.stack(probs) if probs else None, list(range(-1, k - 1)))
 
     def _full_vocab_logits(self, features: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab]
-        logits = head_logits(self.lm_head, features, None)
+        logits = self.lm_head(features).float()
         if self.token_map is None:
             return logits
         full = logits.new_full((logits.shape[0], self.head.vocab_size), float("-inf"))

@@ -119,15 +119,6 @@ def _check_token_map(token_map: torch.Tensor | None, vocab_size: int) -> torch.T
     return token_map
 
 
-def head_logits(lm_head: nn.Module, features: torch.Tensor, token_map: torch.Tensor | None) -> torch.Tensor:
-    """Draft logits from features through the target's output head, fp32: [n, vocab] or, with a
-    token_map, [n, V'] over the subset (column j is token token_map[j])."""
-    if token_map is None:
-        return lm_head(features).float()
-    weight = lm_head.weight[token_map]  # [V', hidden]; a plain fp32 head (training) or a dequantized one
-    return nn.functional.linear(features.to(weight.dtype), weight).float()
-
-
 def save_head(head: DraftHead, directory: str | Path, metadata: dict | None = None) -> Path:
     """Write `speclm_head.json` + `head.safetensors` into directory (created if missing)."""
     directory = Path(directory)
@@ -177,9 +168,8 @@ def load_head(directory: str | Path, target_config: ModelConfig | None = None) -
 
 def draft_lm_head(lm_head: nn.Module, token_map: torch.Tensor | None) -> nn.Module:
     """The output head a proposer drafts with, built once: the target's head itself, or with a
-    token_map a head over the subset rows in the target head's runtime format, so that
-    head_logits(draft_lm_head(h, m), f, None) == head_logits(h, f, m) up to that format's rounding
-    (head_logits slices the weight on every call, and a quantized head has no fp32 `.weight`)."""
+    token_map a head over the subset rows ([V', hidden]; column j of its logits is token
+    token_map[j]) in the target head's runtime format (a quantized head has no fp32 `.weight`)."""
     if token_map is None:
         return lm_head
     from speclm.models.quant_linear import BF16Linear, QuantizedLinear, WeightFormat, make_linear

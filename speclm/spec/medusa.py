@@ -7,7 +7,7 @@ import torch
 
 from speclm.models.llama import LlamaModel
 from speclm.sampling_params import SamplingParams
-from speclm.spec.heads import MedusaHeads, draft_lm_head, head_logits
+from speclm.spec.heads import MedusaHeads, draft_lm_head
 from speclm.spec.proposer import Proposal
 
 DEPTH_PRIOR = 0.6  # assumed acceptance of a head's top token, per level
@@ -78,7 +78,7 @@ class MedusaProposer:
         parents, paths = self._tree(k)
         depth = max(len(p) for p in paths)
         hidden = torch.cat([self.heads.heads[i](self.feature) for i in range(depth)])  # [depth, hidden]
-        logits = head_logits(self.lm_head, hidden, None)  # [depth, V or V']
+        logits = self.lm_head(hidden).float()  # [depth, V or V']
         ranks = torch.topk(logits, self.width, dim=-1).indices  # [depth, width]
         if self.token_map is not None:
             ranks = self.token_map[ranks]  # subset columns -> token ids
