@@ -56,7 +56,8 @@ OWN_PROMPTS = [
 
 # More training data without a network: every template applied to every topic (the first drafters,
 # trained on ~190 prompts only, agreed with the target on 80-90% of training tokens but only 14-24%
-# of held-out ones: they memorised).
+# of held-out ones: they memorised; 431 prompts still left EAGLE at 51-73% on training prompts vs
+# 30-50% held out, hence 14 templates x 64 topics now).
 TOPICS = [
     "black holes", "the French Revolution", "climate change", "the human heart", "volcanoes",
     "the stock market", "renewable energy", "the Roman Empire", "honey bees", "artificial intelligence",
@@ -67,6 +68,9 @@ TOPICS = [
     "the periodic table", "dinosaurs", "cryptography", "remote work", "the ocean tides", "bread baking",
     "public transport", "the Silk Road", "photosynthesis", "video games", "urban gardening",
     "the theory of evolution", "solar panels", "the Mars rovers", "languages and dialects", "friendship",
+    "rainbows", "small businesses", "marathon running", "the metric system", "penguins",
+    "3D printing", "the Egyptian pyramids", "wind turbines", "meditation", "the history of money",
+    "glaciers", "a city library", "mushrooms", "the human brain", "container shipping", "board games",
 ]
 TEMPLATES = [
     "Explain {} to a beginner.",
@@ -75,6 +79,14 @@ TEMPLATES = [
     "Give me five interesting facts about {}.",
     "Summarize the history of {} in a few paragraphs.",
     "Write a short story in which {} plays an important role.",
+    "How does {} work? Answer step by step.",
+    "What are three common misconceptions about {}?",
+    "Write a short poem about {}.",
+    "Create a quiz with three questions and answers about {}.",
+    "Describe {} to a ten-year-old.",
+    "What might the future of {} look like?",
+    "Write a blog post introduction about {}.",
+    "List the key terms someone should know about {}, with one-line definitions.",
 ]
 TOPIC_PROMPTS = [template.format(topic) for topic in TOPICS for template in TEMPLATES]
 

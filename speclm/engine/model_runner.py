@@ -75,14 +75,14 @@ class ModelRunner:
 
     def new_paged_cache(self, num_blocks: int, block_size: int, quantize: bool = False) -> PagedKVCache:
         c, device = self.config, self.model.embed_tokens.weight.device
-        return PagedKVCache(c.num_layers, c.num_kv_heads, c.head_dim, num_blocks, block_size, self.model.act_dtype,
+        return PagedKVCache(c.num_layers, c.num_kv_heads, c.head_dim, num_blocks, block_size, self.model.attn_dtype,
                             device, quantize)
 
     def kv_bytes_per_token(self, quantize: bool = False) -> int:
         c = self.config
         if quantize:
             return int8_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim)
-        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.model.act_dtype.itemsize
+        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.model.attn_dtype.itemsize
 
     def forward_batch(self, cache: PagedKVCache, entries: list[BatchEntry]) -> tuple[torch.Tensor, float]:
         """One step over the new tokens of several sequences, flattened through the layers together.

@@ -133,8 +133,8 @@ def _build(checkpoint: Checkpoint, dtype: torch.dtype, device: str, fmt: WeightF
     model.rotary = type(model.rotary)(config).to(device)  # buffers were on meta
     if fmt.name != "fp32":
         # The quantized kernels take bf16 inputs: bf16 norm weights make every norm emit bf16, so the
-        # whole layer (attention, KV cache, MLP) runs in bf16 without per-linear casts; the residual
-        # stream and the embedding lookup stay fp32.
+        # linear layers run in bf16 without per-linear casts; the residual stream, the embedding
+        # lookup, and on the CPU attention with its KV cache (LlamaModel.attn_dtype) stay fp32.
         for module in model.modules():
             if isinstance(module, RMSNorm):
                 module.weight = nn.Parameter(module.weight.detach().to(COMPUTE_DTYPE), requires_grad=False)

@@ -257,12 +257,14 @@ class Attention(nn.Module):
         meta: AttentionMetadata,  # or PagedAttentionMetadata (speclm.kv.paged_cache)
     ) -> torch.Tensor:
         n, h, kv = x.shape[0], self.num_heads, self.num_kv_heads
-        qkv = self.qkv_proj(x).view(n, h + 2 * kv, self.head_dim).transpose(0, 1)  # [heads + 2 kv, n, d]
+        # Attention runs in the cache's dtype (LlamaModel.attn_dtype: fp32 on the CPU, also when the
+        # layers compute in bf16), rotary included; o_proj gets the layer's dtype back.
+        qkv = self.qkv_proj(x).to(cos.dtype).view(n, h + 2 * kv, self.head_dim).transpose(0, 1)  # [heads + 2 kv, n, d]
         qk = apply_rope(qkv[: h + kv], cos, sin)  # q and k rotated in one go
         q, k, v = qk[:h], qk[h:], qkv[h + kv :]
         # The metadata knows the cache layout (one contiguous sequence, or paged slots of a batch).
         out = meta.attend(q, k, v, k_cache, v_cache)  # [heads, num_tokens, head_dim]
-        return self.o_proj(out.transpose(0, 1).reshape(n, -1))
+        return self.o_proj(out.transpose(0, 1).reshape(n, -1).to(x.dtype))
 
 
 class MLP(nn.Module):

@@ -173,7 +173,10 @@ def draft_lm_head(lm_head: nn.Module, token_map: torch.Tensor | None) -> nn.Modu
     if token_map is None:
         return lm_head
     from speclm.models.quant_linear import BF16Linear, QuantizedLinear, WeightFormat, make_linear
+    from speclm.models.w8a8_linear import W8A8Linear
 
+    if isinstance(lm_head, W8A8Linear):
+        return lm_head.rows(token_map)
     if isinstance(lm_head, QuantizedLinear):  # int8 for an int8/int4 head (V' need not suit int4 packing)
         weight = lm_head.dequantized_weight()[token_map]  # [V', hidden]
         fmt = WeightFormat("bf16" if isinstance(lm_head, BF16Linear) else "int8")

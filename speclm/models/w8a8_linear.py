@@ -1,0 +1,77 @@
+"""W8A8: int8 weights and per-row int8 activations on fbgemm's int8 GEMM, batch-invariant. The lm_head
+of int4 models runs this way (quant_linear.head_format).
+
+Why: on this CPU (AVX-512 VNNI) fbgemm's prepacked int8 GEMM reads SmolLM2's 49152x576 head at
+memory speed: 0.86 ms for one row and 1.1 ms for four (cache-warm), against 3.9 and 5.4 ms for torch's
+int8 weight-only kernel, which is compute-bound here. (Whole models in w8a8 were measured too: their
+int8 layers read twice the bytes of int4 ones and decoded slower than int4, so only the head uses it.)
+
+How the activations are quantized, and why this keeps speculative greedy exact: fbgemm's dynamic
+op picks one (scale, zero point) for the whole input from its min and max, so a row's result would
+depend on the other rows in the call. Each row is instead divided by its own absmax, and a constant
+row holding +1 and -1 is put in front: every call then quantizes on the same [-1, 1] grid, and the
+integer GEMM is exact, so a row's output does not depend on the batch (a verification row equals
+the decoding call for the same token bit for bit). The row's absmax is multiplied back afterwards.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+
+def w8a8_supported() -> bool:
+    """Whether this torch build has fbgemm's x86 int8 kernels (not on ARM builds)."""
+    return bool({"x86", "fbgemm"} & set(torch.backends.quantized.supported_engines))
+
+
+def _quantized_int8_weight(weight: torch.Tensor) -> torch.Tensor:
+    """Symmetric int8 per output channel as a quantized tensor fbgemm can prepack."""
+    scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12).double()  # [out]
+    q = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():  # quantized-tensor creation is deprecated, the kernel is not
+        warnings.simplefilter("ignore")
+        return torch._make_per_channel_quantized_tensor(q, scales, zero_points, 0)
+
+
+class W8A8Linear(nn.Module):
+    """y = x @ W.T + b with W int8 per output channel and each row of x int8 (see the module doc);
+    fp32 out."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        if weight.device.type != "cpu":
+            raise ValueError("a w8a8 layer runs on the CPU (fbgemm's int8 kernels)")
+        w = weight.detach().float()
+        self.out_features, self.in_features = w.shape
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.packed = torch.ops.quantized.linear_prepack(_quantized_int8_weight(w), None)
+        self._rows = torch.zeros(1, self.in_features)  # row 0: the +1/-1 pin, then the scaled input rows
+        self._rows[0, 0], self._rows[0, 1 % self.in_features] = 1.0, -1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out] fp32
+        x, n = x.float(), x.shape[0]  # bf16 inputs (an int4 model's head) are upcast; fp32 is a no-op
+        if self._rows.shape[0] < n + 1:
+            with torch.inference_mode(False):  # a normal tensor, writable in and out of inference mode
+                rows = torch.zeros(max(n + 1, 2 * self._rows.shape[0]), self.in_features)
+                rows[0] = self._rows[0]
+            self._rows = rows
+        absmax = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True).clamp_(min=1e-30)  # [n, 1]
+        torch.div(x, absmax, out=self._rows[1 : n + 1])
+        y = torch.ops.quantized.linear_dynamic(self._rows[: n + 1], self.packed, False)[1:] * absmax  # [n, out]
+        return y if self.bias is None else y + self.bias
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The fp32 [out, in] weight this layer multiplies by (activation rounding aside)."""
+        return torch.ops.quantized.linear_unpack(self.packed)[0].dequantize()
+
+    def rows(self, index: torch.Tensor) -> "W8A8Linear":
+        """A layer computing only output rows `index` (a draft head over a token subset)."""
+        bias = None if self.bias is None else self.bias[index]
+        return W8A8Linear(self.dequantized_weight()[index], bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}")

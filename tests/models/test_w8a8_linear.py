@@ -1,0 +1,58 @@
+"""The w8a8 head of int4 models: batch invariance (what keeps speculative greedy exact), accuracy
+against the float product, the token-subset head, and that users cannot pick it as a model format."""
+import pytest
+import torch
+
+from speclm.models.quant_linear import WeightFormat, head_format
+from speclm.models.w8a8_linear import W8A8Linear, w8a8_supported
+
+pytestmark = pytest.mark.skipif(not w8a8_supported(), reason="torch build without fbgemm")
+
+
+def make_layer(out_features=300, in_features=64, bias=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(out_features, in_features, generator=g)
+    b = torch.randn(out_features, generator=g) if bias else None
+    return W8A8Linear(w, b), w, b
+
+
+def test_rows_do_not_depend_on_the_batch():
+    layer, _, _ = make_layer()
+    x = torch.randn(7, 64, generator=torch.Generator().manual_seed(1)) * torch.logspace(-2, 2, 7)[:, None]
+    together = layer(x)
+    for i in range(7):
+        assert torch.equal(together[i], layer(x[i : i + 1])[0]), i
+    assert torch.equal(layer(x[2:5]), together[2:5])  # a middle slice, after the buffer grew
+
+
+def test_close_to_the_float_product():
+    layer, w, b = make_layer()
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(2))
+    ref = x @ w.t() + b
+    rel = (layer(x) - ref).abs().amax(dim=1) / ref.abs().amax(dim=1)
+    assert rel.max() < 0.02, rel  # 8-bit weights and activations: ~1% of the output range
+    dq = layer.dequantized_weight()
+    assert (dq - w).abs().amax(dim=1).le(w.abs().amax(dim=1) / 254 + 1e-6).all()  # half an int8 step
+
+
+def test_bf16_input_and_zero_row():
+    layer, w, b = make_layer(bias=False)
+    x = torch.zeros(2, 64)
+    x[1] = torch.randn(64)
+    y = layer(x.bfloat16())
+    assert y.dtype == torch.float32 and torch.isfinite(y).all()
+    assert torch.equal(y[0], torch.zeros(300))
+
+
+def test_token_subset_head_equals_its_columns():
+    layer, _, _ = make_layer()
+    index = torch.tensor([3, 7, 100, 299])
+    x = torch.randn(3, 64)
+    assert torch.equal(layer.rows(index)(x), layer(x)[:, index])
+
+
+def test_int4_models_get_a_w8a8_head_but_users_cannot_choose_it():
+    assert head_format(WeightFormat.parse("int4")).name == "w8a8"
+    assert head_format(WeightFormat.parse("int8")).name == "int8"
+    with pytest.raises(ValueError, match="unknown weight format 'w8a8'"):
+        WeightFormat.parse("w8a8")
