@@ -157,3 +157,26 @@ def test_batched_tree_verification_finds_deep_paths_and_is_exact(llm, k):
             else:  # bf16: a batched prefill rounds differently; each row is still the same vector
                 error = (received.float() - reference.float()).norm(dim=-1) / reference.float().norm(dim=-1)
                 assert float(error.max()) < 0.02
+
+
+def test_batched_trees_match_plain_batched_decoding_with_an_int8_cache(stories_llm):
+    """With an int8 KV cache the output differs from the single engine's, but tree speculation must
+    still reproduce the batched engine's own plain greedy output (moved path entries keep their scales).
+    (Not so with a StreamingLLM window, for chains as for trees: drafts make the window slide earlier.)"""
+    config = {"kv_cache_dtype": "int8"}
+    requests = requests_of(stories_llm)
+    runner = ModelRunner(stories_llm.model)
+    expected = [o[0].token_ids for o in BatchEngine(runner, stories_llm.tokenizer, CacheConfig(**config)).generate(requests)]
+    references = {}
+    for r, e in sorted(zip(requests, expected), key=lambda pair: len(pair[1])):
+        references[tuple(r.prompt_ids)] = r.prompt_ids + e
+    seeds = iter(range(1000))
+    proposers = []
+
+    def make(spec):
+        proposers.append(OracleFeatureProposer(references, stories_llm.model.config.vocab_size, next(seeds)))
+        return proposers[-1]
+
+    engine = BatchEngine(runner, stories_llm.tokenizer, CacheConfig(**config), SpecConfig("ngram", None, 6, False), make)
+    assert [o[0].token_ids for o in engine.generate(requests)] == expected
+    assert sum(a >= 3 for p in proposers for a in p.accepted) > 0
