@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import torch
 
 from speclm.config import CacheConfig, SpecConfig
-from speclm.engine.model_runner import ModelRunner
+from speclm.engine.llm_engine import LAZY_LOGITS_NODES
+from speclm.engine.model_runner import ModelRunner, RowLogits
 from speclm.engine.request import GenerationStats, Request, RequestOutput
 from speclm.engine.scheduler import ScheduledChunk, Scheduler, Sequence
 from speclm.engine.stop import OutputTracker
@@ -182,8 +183,11 @@ class BatchEngine:
                 for s in [state, *state.forks]:  # each row's next token is a prompt token
                     self._add_features(s, chunk.start, features)
                 continue
-            rows = logits[row : row + 1 + k]  # [1 + k, vocab]
-            row += 1 + k
+            if k and not entry.num_logits:  # a big tree: its walk computes the logits of its path's rows only
+                rows: torch.Tensor | RowLogits = self.runner.row_logits(features)
+            else:
+                rows = logits[row : row + 1 + k]  # [1 + k, vocab]
+                row += 1 + k
             for child in state.forks:
                 self.block_manager.fork(seq.seq_id, child.seq.seq_id)
                 child.seq.num_computed = seq.num_computed
@@ -192,6 +196,8 @@ class BatchEngine:
                 outputs.append(self._commit(child, [self._sample(child, rows)]))
             state.forks = []
             if k == 0:
+                if state.controller is not None and chunk.num_tokens == 1 and seq.output_ids:
+                    state.controller.record(0, 0, 0.0, seconds)  # a plain decode step's cost, for adaptive K
                 self._add_features(state, chunk.start, features)
                 outputs.append(self._commit(state, [self._sample(state, rows)]))
                 continue
@@ -201,13 +207,15 @@ class BatchEngine:
             self._add_features(state, chunk.start, features[kept])
             state.proposer.update(result.num_accepted)
             depth = None if tree is None else tree.max_depth
-            state.controller.record(k, result.num_accepted, state.proposer_seconds, seconds, depth)
+            target_seconds = seconds + (rows.seconds if isinstance(rows, RowLogits) else 0.0)
+            state.controller.record(k, result.num_accepted, state.proposer_seconds, target_seconds, depth)
             outputs.append(self._commit(state, result.tokens, k, result.num_accepted, depth))
         return outputs
 
-    def _verify(self, state: _SequenceState, rows: torch.Tensor, entry: BatchEntry
+    def _verify(self, state: _SequenceState, rows: torch.Tensor | RowLogits, entry: BatchEntry
                 ) -> tuple[VerificationResult, list[int], TokenTree | None]:
-        """Verify a sequence's drafts against their rows' logits ([1 + k, vocab]). Returns the result,
+        """Verify a sequence's drafts against their rows' logits ([1 + k, vocab], or computed row by
+        row for a big tree). Returns the result,
         the rows whose next tokens are now committed, and the token tree (None for a chain)."""
         seq, params, proposal = state.seq, state.request.params, state.proposal
         k = len(entry.tokens) - 1
@@ -269,13 +277,14 @@ class BatchEngine:
     def _entry(self, chunk: ScheduledChunk) -> BatchEntry:
         seq, end = chunk.seq, chunk.start + chunk.num_tokens
         tokens = (seq.token_ids + seq.draft_tokens[: chunk.num_drafts])[chunk.start : end]
-        row_paths = None
+        row_paths, num_logits = None, 1 + chunk.num_drafts if chunk.completes else 0
         parents = self._states[seq.seq_id].proposal.parents if chunk.num_drafts else None
         if parents is not None:  # the scheduler may have cut the drafts short: parents come first, so a prefix is a tree
             tree = TokenTree(tuple(parents[: chunk.num_drafts]))
             row_paths = None if tree.is_chain() else tree.row_paths()
-        return BatchEntry(tokens, chunk.start, self.block_manager.slot_ids(seq.seq_id, 0, end),
-                          1 + chunk.num_drafts if chunk.completes else 0, row_paths)
+            if row_paths is not None and tree.num_nodes >= LAZY_LOGITS_NODES:
+                num_logits = 0  # as in the single-request engine: the walk asks for its path's rows only
+        return BatchEntry(tokens, chunk.start, self.block_manager.slot_ids(seq.seq_id, 0, end), num_logits, row_paths)
 
     @staticmethod
     def _sample(state: _SequenceState, rows: torch.Tensor) -> int:

@@ -122,7 +122,7 @@ def llm(request, stories_llm):
     return stories_llm if request.param == "fp32" else LLM(STORIES_MODEL, tokenizer=STORIES_TOKENIZER, weights="bf16")
 
 
-@pytest.mark.parametrize("k", [4, 8])
+@pytest.mark.parametrize("k", [3, 8])  # trees of 4+ nodes take their logits row by row
 def test_batched_tree_verification_finds_deep_paths_and_is_exact(llm, k):
     """The true continuation hidden at random depths and sibling positions of random trees: found
     (deep paths accepted), output equals plain greedy (so the accepted path's keys/values were moved
