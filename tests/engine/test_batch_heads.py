@@ -1,6 +1,8 @@
 """BatchEngine with feature proposers and token trees: Medusa / EAGLE chains and trees and an oracle
 tree proposer, several concurrent requests of different lengths (also under chunked prefill and
 preemption), give plain greedy output token for token; proposers get the target's own features."""
+import os
+
 import pytest
 import torch
 
@@ -15,6 +17,8 @@ from tests.spec.tree_proposers import OracleTreeProposer, write_perturbed_heads
 PROMPTS = ["", "Once upon a time", "Tom had a dog", "The sun was hot and the",
            "Lily and Ben went to the park. They saw a big"]
 CONFIGS = [{}, {"num_blocks": 30, "block_size": 4, "max_num_batched_tokens": 16}]  # the second preempts
+
+DRAFTERS = os.path.join(os.path.dirname(__file__), "..", "..", "drafters")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -180,3 +184,19 @@ def test_batched_trees_match_plain_batched_decoding_with_an_int8_cache(stories_l
     engine = BatchEngine(runner, stories_llm.tokenizer, CacheConfig(**config), SpecConfig("ngram", None, 6, False), make)
     assert [o[0].token_ids for o in engine.generate(requests)] == expected
     assert sum(a >= 3 for p in proposers for a in p.accepted) > 0
+
+
+@pytest.mark.slow
+def test_default_model_batched_trained_heads_equal_plain_greedy(default_llm):
+    """SmolLM2 (fp32) with the committed Medusa and EAGLE drafters (default options: trees), four
+    concurrent chat requests of different lengths: plain greedy output, and drafts really accepted."""
+    prompts = ["The capital of France is", "def fibonacci(n):", "Write a haiku about the sea.", "1, 2, 3, 4,"]
+    requests = [Request(str(i), default_llm.tokenizer.encode_chat([{"role": "user", "content": p}]),
+                        SamplingParams(max_tokens=12 + 4 * i, ignore_eos=True)) for i, p in enumerate(prompts)]
+    expected = [default_llm.engine.generate(r).token_ids for r in requests]
+    for spec in (f"medusa:{DRAFTERS}/medusa-smollm2-135m", f"eagle:{DRAFTERS}/eagle-smollm2-135m"):
+        engine = BatchEngine(ModelRunner(default_llm.model), default_llm.tokenizer, CacheConfig(kv_cache_mb=64),
+                             SpecConfig.parse(spec, 4, adaptive=False), default_llm.new_proposer)
+        outputs = [o[0] for o in engine.generate(requests)]
+        assert [o.token_ids for o in outputs] == expected, spec
+        assert sum(o.stats.accepted_tokens for o in outputs) > 0
