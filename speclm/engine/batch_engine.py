@@ -20,7 +20,7 @@ from speclm.sample.rejection import RejectionSampler, VerificationResult
 from speclm.sample.sampler import select_tokens
 from speclm.sample.tree_rejection import TreeRejectionSampler
 from speclm.spec.adaptive import SpeculationController
-from speclm.spec.proposer import Proposal, Proposer, wants_features
+from speclm.spec.proposer import Proposal, Proposer, wants_feature_history, wants_features
 from speclm.spec.tree import TokenTree, limit_depth
 from speclm.tokenizer import Tokenizer
 
@@ -76,8 +76,9 @@ class BatchEngine:
 
     Medusa / EAGLE proposers (`wants_features`) get the target features of every position whose
     next token is committed, taken from the batched forward (prefill chunks, decode and verification
-    rows alike), so they draft as in the single-request engine. Their sequences compute their whole
-    prompt (no prefix-cache reuse: a cached block holds no features). Token trees are verified in
+    rows alike), so they draft as in the single-request engine. EAGLE's sequences compute their whole
+    prompt (no prefix-cache reuse: a cached block holds no features; Medusa needs only the last one,
+    so it reuses them). Token trees are verified in
     the batch too: each tree row attends to its sequence's prefix and its own path, computed like
     plain decoding, and the accepted path's keys/values are moved into place.
     """
@@ -139,7 +140,7 @@ class BatchEngine:
             seed = params.seed + i if params.seed is not None else random.getrandbits(63)
             proposer = self.make_proposer(spec) if spec else None
             seq = Sequence(f"{request.request_id}#{i}", list(request.prompt_ids), total,
-                           reuse_prefix=not wants_features(proposer))
+                           reuse_prefix=not wants_feature_history(proposer))
             states.append(_SequenceState(
                 request, i, seq, OutputTracker(self.tokenizer, request.prompt_ids, params, self.max_total_tokens),
                 torch.Generator().manual_seed(seed), GenerationStats(prompt_tokens=len(request.prompt_ids)),
@@ -269,7 +270,9 @@ class BatchEngine:
             return
         self._start_proposer(state)
         skip = state.num_features - start
-        assert skip >= 0, f"{state.seq.seq_id}: features of positions {state.num_features}..{start - 1} were skipped"
+        if skip < 0:  # a prefix-cache hit computed no features there
+            assert not wants_feature_history(state.proposer), f"{state.seq.seq_id}: positions {state.num_features}.. skipped"
+            skip = 0
         if skip < features.shape[0]:
             state.proposer.add_features(features[skip:].clone())  # a copy: the step's hidden states are freed
             state.num_features = start + features.shape[0]

@@ -42,6 +42,7 @@ class MedusaProposer:
     are the heads' top tokens (deterministic), which the verifier handles exactly when sampling."""
 
     wants_features = True
+    feature_history = False  # drafts from the last feature only
     proposes_trees = True
 
     def __init__(self, target: LlamaModel, heads: MedusaHeads, width: int = 3, name: str = "medusa") -> None:
