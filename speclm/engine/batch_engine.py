@@ -198,7 +198,7 @@ class BatchEngine:
             state.forks = []
             if k == 0:
                 if state.controller is not None and chunk.num_tokens == 1 and seq.output_ids:
-                    state.controller.record(0, 0, 0.0, seconds)  # a plain decode step's cost, for adaptive K
+                    state.controller.record(0, 0, 0.0, seconds / scheduled.num_tokens)  # see below
                 self._add_features(state, chunk.start, features)
                 outputs.append(self._commit(state, [self._sample(state, rows)]))
                 continue
@@ -208,7 +208,10 @@ class BatchEngine:
             self._add_features(state, chunk.start, features[kept])
             state.proposer.update(result.num_accepted)
             depth = None if tree is None else tree.max_depth
-            target_seconds = seconds + (rows.seconds if isinstance(rows, RowLogits) else 0.0)
+            # The sequence's share of the step (by rows): the whole step's time would charge it the
+            # other sequences' drafts too, and no sequence alone would ever find that drafting fails to pay.
+            target_seconds = seconds * chunk.num_tokens / scheduled.num_tokens
+            target_seconds += rows.seconds if isinstance(rows, RowLogits) else 0.0
             state.controller.record(k, result.num_accepted, state.proposer_seconds, target_seconds, depth)
             outputs.append(self._commit(state, result.tokens, k, result.num_accepted, depth))
         return outputs
