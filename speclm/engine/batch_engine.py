@@ -174,6 +174,9 @@ class BatchEngine:
         entries = [self._entry(chunk) for chunk in scheduled.chunks]
         logits, hidden, seconds = self.runner.forward_batch(self.cache, entries)  # [sum of num_logits, vocab]
         outputs, row, offset = [], 0, 0
+        # Adaptive K charges a sequence its share (by rows) of the step: charged the whole step, it
+        # would pay for the other sequences' drafts too, and none alone would see drafting fail to pay.
+        seconds_per_row = seconds / scheduled.num_tokens
         for chunk, entry in zip(scheduled.chunks, entries):
             seq, k, state = chunk.seq, chunk.num_drafts, self._states[chunk.seq.seq_id]
             features = hidden[offset : offset + chunk.num_tokens]  # [num_tokens, hidden]
@@ -198,7 +201,7 @@ class BatchEngine:
             state.forks = []
             if k == 0:
                 if state.controller is not None and chunk.num_tokens == 1 and seq.output_ids:
-                    state.controller.record(0, 0, 0.0, seconds / scheduled.num_tokens)  # see below
+                    state.controller.record(0, 0, 0.0, seconds_per_row)  # a plain step's cost, for adaptive K
                 self._add_features(state, chunk.start, features)
                 outputs.append(self._commit(state, [self._sample(state, rows)]))
                 continue
@@ -208,10 +211,7 @@ class BatchEngine:
             self._add_features(state, chunk.start, features[kept])
             state.proposer.update(result.num_accepted)
             depth = None if tree is None else tree.max_depth
-            # The sequence's share of the step (by rows): the whole step's time would charge it the
-            # other sequences' drafts too, and no sequence alone would ever find that drafting fails to pay.
-            target_seconds = seconds * chunk.num_tokens / scheduled.num_tokens
-            target_seconds += rows.seconds if isinstance(rows, RowLogits) else 0.0
+            target_seconds = seconds_per_row * chunk.num_tokens + (rows.seconds if isinstance(rows, RowLogits) else 0.0)
             state.controller.record(k, result.num_accepted, state.proposer_seconds, target_seconds, depth)
             outputs.append(self._commit(state, result.tokens, k, result.num_accepted, depth))
         return outputs
@@ -219,8 +219,8 @@ class BatchEngine:
     def _verify(self, state: _SequenceState, rows: torch.Tensor | RowLogits, entry: BatchEntry
                 ) -> tuple[VerificationResult, list[int], TokenTree | None]:
         """Verify a sequence's drafts against their rows' logits ([1 + k, vocab], or computed row by
-        row for a big tree). Returns the result,
-        the rows whose next tokens are now committed, and the token tree (None for a chain)."""
+        row for a big tree). Returns the result, the rows whose next tokens are now committed, and
+        the token tree (None for a chain)."""
         seq, params, proposal = state.seq, state.request.params, state.proposal
         k = len(entry.tokens) - 1
         drafts, probs = seq.draft_tokens[:k], None if proposal.probs is None else proposal.probs[:k]
@@ -274,7 +274,7 @@ class BatchEngine:
         self._start_proposer(state)
         skip = state.num_features - start
         if skip < 0:  # a prefix-cache hit computed no features there
-            assert not wants_feature_history(state.proposer), f"{state.seq.seq_id}: positions {state.num_features}.. skipped"
+            assert not wants_feature_history(state.proposer), f"{state.seq.seq_id}: features skipped"
             skip = 0
         if skip < features.shape[0]:
             state.proposer.add_features(features[skip:].clone())  # a copy: the step's hidden states are freed
@@ -285,7 +285,7 @@ class BatchEngine:
         tokens = (seq.token_ids + seq.draft_tokens[: chunk.num_drafts])[chunk.start : end]
         row_paths, num_logits = None, 1 + chunk.num_drafts if chunk.completes else 0
         parents = self._states[seq.seq_id].proposal.parents if chunk.num_drafts else None
-        if parents is not None:  # the scheduler may have cut the drafts short: parents come first, so a prefix is a tree
+        if parents is not None:  # drafts cut short by the scheduler: parents come first, so a prefix is a tree
             tree = TokenTree(tuple(parents[: chunk.num_drafts]))
             row_paths = None if tree.is_chain() else tree.row_paths()
             if row_paths is not None and tree.num_nodes >= LAZY_LOGITS_NODES:

@@ -146,7 +146,8 @@ def test_batched_tree_verification_finds_deep_paths_and_is_exact(llm, k):
             proposers.append(OracleFeatureProposer(references, llm.model.config.vocab_size, 100 * k + next(seed)))
             return proposers[-1]
 
-        engine = BatchEngine(runner, llm.tokenizer, CacheConfig(**config), SpecConfig("ngram", None, k, False), make)
+        fixed_k = SpecConfig("ngram", None, k, adaptive=False)  # only K matters: `make` builds the proposers
+        engine = BatchEngine(runner, llm.tokenizer, CacheConfig(**config), fixed_k, make)
         outputs = [o[0] for o in engine.generate(requests)]
         assert [o.token_ids for o in outputs] == expected, config
         assert engine.block_manager.num_used_blocks == 0
@@ -172,7 +173,8 @@ def test_batched_trees_match_plain_batched_decoding_with_an_int8_cache(stories_l
     config = {"kv_cache_dtype": "int8"}
     requests = requests_of(stories_llm)
     runner = ModelRunner(stories_llm.model)
-    expected = [o[0].token_ids for o in BatchEngine(runner, stories_llm.tokenizer, CacheConfig(**config)).generate(requests)]
+    plain = BatchEngine(runner, stories_llm.tokenizer, CacheConfig(**config))
+    expected = [o[0].token_ids for o in plain.generate(requests)]
     references = {}
     for r, e in sorted(zip(requests, expected), key=lambda pair: len(pair[1])):
         references[tuple(r.prompt_ids)] = r.prompt_ids + e
@@ -183,7 +185,8 @@ def test_batched_trees_match_plain_batched_decoding_with_an_int8_cache(stories_l
         proposers.append(OracleFeatureProposer(references, stories_llm.model.config.vocab_size, next(seeds)))
         return proposers[-1]
 
-    engine = BatchEngine(runner, stories_llm.tokenizer, CacheConfig(**config), SpecConfig("ngram", None, 6, False), make)
+    fixed_k = SpecConfig("ngram", None, 6, adaptive=False)  # only K matters: `make` builds the proposers
+    engine = BatchEngine(runner, stories_llm.tokenizer, CacheConfig(**config), fixed_k, make)
     assert [o[0].token_ids for o in engine.generate(requests)] == expected
     assert sum(a >= 3 for p in proposers for a in p.accepted) > 0
 
