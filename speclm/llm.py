@@ -85,10 +85,7 @@ class LLM:
         return other
 
     def new_proposer(self, spec: SpecConfig) -> Proposer:
-        """A fresh proposer (own per-sequence state) for the batched engine; draft models load once."""
-        if spec.method in HEAD_OPTIONS:
-            raise ValueError(f"{spec.method} drafts token trees, which only the single-request engine verifies "
-                             "(speclm generate / bench / the Python API); the batched server does not support it yet")
+        """A fresh proposer (own per-sequence state) for the batched engine; draft models and heads load once."""
         if spec.method == "ngram":
             return self._make_proposer(spec)
         shared = getattr(self, "_draft_proposers", {})
@@ -96,6 +93,8 @@ class LLM:
         if spec.label not in shared:
             shared[spec.label] = self._make_proposer(spec)
         template = shared[spec.label]
+        if spec.method in HEAD_OPTIONS:
+            return template.fresh()
         return DraftModelProposer(template.model, num_layers=template.num_layers, name=template.name,
                                   token_map=template.token_map)
 

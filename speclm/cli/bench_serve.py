@@ -35,7 +35,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if room < 1:
         raise ValueError(f"--max-tokens {args.max_tokens} leaves no room for a prompt in the model's context")
     prompts = [p[-room:] for p in prompts]  # keep the end of over-long prompts (tiny-context models)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()] or ["ar"]
+    from speclm.cli.bench import split_methods
+
+    methods = split_methods(args.methods) or ["ar"]  # keeps "eagle:DIR,topk=1" together
     results = {}
     for method in methods:
         served = llm if method == "ar" else llm.with_spec(method, args.k, not args.no_adaptive)

@@ -83,12 +83,6 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     config = cache_config(args)  # validate before the slow model load
-    if args.spec:
-        from speclm.config import HEAD_OPTIONS, SpecConfig
-
-        if SpecConfig.parse(args.spec).method in HEAD_OPTIONS:
-            raise ValueError(f"--spec {args.spec}: medusa/eagle draft token trees, which the batched server does not "
-                             "verify yet; use them with speclm generate / bench or the Python API")
     llm = load_llm(args)
     app = build_app(llm, config, args.api_key, args.served_model_name, args.spec_max_batch)
     print(f"speclm serve: {app.state.engine.engine.block_manager.num_blocks} KV blocks of {config.block_size} tokens; "

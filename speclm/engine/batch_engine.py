@@ -8,17 +8,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speclm.config import HEAD_OPTIONS, CacheConfig, SpecConfig
-from speclm.engine.model_runner import ModelRunner
+from speclm.config import CacheConfig, SpecConfig
+from speclm.engine.llm_engine import LAZY_LOGITS_NODES
+from speclm.engine.model_runner import ModelRunner, RowLogits
 from speclm.engine.request import GenerationStats, Request, RequestOutput
 from speclm.engine.scheduler import ScheduledChunk, Scheduler, Sequence
 from speclm.engine.stop import OutputTracker
 from speclm.kv.block_manager import BlockManager
 from speclm.kv.paged_cache import BatchEntry
-from speclm.sample.rejection import RejectionSampler
+from speclm.sample.rejection import RejectionSampler, VerificationResult
 from speclm.sample.sampler import select_tokens
+from speclm.sample.tree_rejection import TreeRejectionSampler
 from speclm.spec.adaptive import SpeculationController
-from speclm.spec.proposer import Proposal, Proposer
+from speclm.spec.proposer import Proposal, Proposer, wants_feature_history, wants_features
+from speclm.spec.tree import TokenTree, limit_depth
 from speclm.tokenizer import Tokenizer
 
 ProposerFactory = Callable[[SpecConfig], Proposer]
@@ -36,6 +39,7 @@ class SequenceOutput:
     output: RequestOutput | None = None
     num_drafted: int = 0  # speculative tokens verified this step
     num_accepted: int = 0
+    draft_depth: int | None = None  # a token tree's depth (None: a chain of num_drafted)
 
     @property
     def finished(self) -> bool:
@@ -58,6 +62,7 @@ class _SequenceState:
     proposer_started: bool = False
     proposal: Proposal | None = None
     proposer_seconds: float = 0.0
+    num_features: int = 0  # positions whose target features the proposer holds (feature proposers)
 
 
 class BatchEngine:
@@ -68,6 +73,14 @@ class BatchEngine:
     (`spec` per request, or the engine's), its drafts are verified in the same forward as the
     other sequences' tokens, and a step with more than `spec_max_batch` running sequences skips
     proposing (a big batch already keeps the weights busy; extra verification rows stop paying).
+
+    Medusa / EAGLE proposers (`wants_features`) get the target features of every position whose
+    next token is committed, taken from the batched forward (prefill chunks, decode and verification
+    rows alike), so they draft as in the single-request engine. EAGLE's sequences compute their whole
+    prompt (no prefix-cache reuse: a cached block holds no features; Medusa needs only the last one,
+    so it reuses them). Token trees are verified in
+    the batch too: each tree row attends to its sequence's prefix and its own path, computed like
+    plain decoding, and the accepted path's keys/values are moved into place.
     """
 
     def __init__(
@@ -81,11 +94,8 @@ class BatchEngine:
     ) -> None:
         if spec is not None and make_proposer is None:
             raise ValueError("a speculative config needs a proposer factory")
-        if spec is not None and spec.method in HEAD_OPTIONS:
-            raise ValueError(f"--spec {spec.method} drafts token trees, which the batched engine (the server) does not "
-                             "verify yet; use it with speclm generate / bench or the Python API")
         self.spec, self.make_proposer, self.spec_max_batch = spec, make_proposer, spec_max_batch
-        self.verifier = RejectionSampler()
+        self.verifier, self.tree_verifier = RejectionSampler(), TreeRejectionSampler()
         self.runner = runner
         self.tokenizer = tokenizer
         self.config = config or CacheConfig()
@@ -128,13 +138,15 @@ class BatchEngine:
         states = []
         for i in range(n):
             seed = params.seed + i if params.seed is not None else random.getrandbits(63)
-            seq = Sequence(f"{request.request_id}#{i}", list(request.prompt_ids), total)
+            proposer = self.make_proposer(spec) if spec else None
+            seq = Sequence(f"{request.request_id}#{i}", list(request.prompt_ids), total,
+                           reuse_prefix=not wants_feature_history(proposer))
             states.append(_SequenceState(
                 request, i, seq, OutputTracker(self.tokenizer, request.prompt_ids, params, self.max_total_tokens),
                 torch.Generator().manual_seed(seed), GenerationStats(prompt_tokens=len(request.prompt_ids)),
-                prompt, now,
-                proposer=self.make_proposer(spec) if spec else None,
-                controller=SpeculationController(spec.num_speculative_tokens, spec.adaptive) if spec else None,
+                prompt, now, proposer=proposer,
+                controller=SpeculationController(spec.num_speculative_tokens, spec.adaptive,
+                                                 depth_of=getattr(proposer, "tree_depth", None)) if spec else None,
             ))
         states[0].forks = states[1:]
         self.scheduler.add(states[0].seq)
@@ -160,34 +172,68 @@ class BatchEngine:
         self.num_steps += 1
         self.cache.copy_blocks(scheduled.copies)
         entries = [self._entry(chunk) for chunk in scheduled.chunks]
-        logits, seconds = self.runner.forward_batch(self.cache, entries)  # [sum of num_logits, vocab]
-        outputs, row = [], 0
-        for chunk in scheduled.chunks:
-            seq, k = chunk.seq, chunk.num_drafts
+        logits, hidden, seconds = self.runner.forward_batch(self.cache, entries)  # [sum of num_logits, vocab]
+        outputs, row, offset = [], 0, 0
+        # Adaptive K charges a sequence its share (by rows) of the step: charged the whole step, it
+        # would pay for the other sequences' drafts too, and none alone would see drafting fail to pay.
+        seconds_per_row = seconds / scheduled.num_tokens
+        for chunk, entry in zip(scheduled.chunks, entries):
+            seq, k, state = chunk.seq, chunk.num_drafts, self._states[chunk.seq.seq_id]
+            features = hidden[offset : offset + chunk.num_tokens]  # [num_tokens, hidden]
+            offset += chunk.num_tokens
             seq.num_computed += chunk.num_tokens - k  # accepted drafts are added after verification
             if not chunk.completes:
                 self.block_manager.mark_computed(seq.seq_id, seq.token_ids, seq.num_computed)
+                for s in [state, *state.forks]:  # each row's next token is a prompt token
+                    self._add_features(s, chunk.start, features)
                 continue
-            state, rows = self._states[seq.seq_id], logits[row : row + 1 + k]  # [1 + k, vocab]
-            row += 1 + k
+            if k and not entry.num_logits:  # a big tree: its walk computes the logits of its path's rows only
+                rows: torch.Tensor | RowLogits = self.runner.row_logits(features)
+            else:
+                rows = logits[row : row + 1 + k]  # [1 + k, vocab]
+                row += 1 + k
             for child in state.forks:
                 self.block_manager.fork(seq.seq_id, child.seq.seq_id)
                 child.seq.num_computed = seq.num_computed
                 self.scheduler.add_running(child.seq)
+                self._add_features(child, chunk.start, features)
                 outputs.append(self._commit(child, [self._sample(child, rows)]))
             state.forks = []
             if k == 0:
+                if state.controller is not None and chunk.num_tokens == 1 and seq.output_ids:
+                    state.controller.record(0, 0, 0.0, seconds_per_row)  # a plain step's cost, for adaptive K
+                self._add_features(state, chunk.start, features)
                 outputs.append(self._commit(state, [self._sample(state, rows)]))
                 continue
-            drafts, probs = seq.draft_tokens[:k], state.proposal.probs
-            result = self.verifier.verify(rows, drafts, None if probs is None else probs[:k],
-                                          state.request.params, state.generator)
+            result, kept, tree = self._verify(state, rows, entry)
             seq.draft_tokens = []
             seq.num_computed += result.num_accepted
+            self._add_features(state, chunk.start, features[kept])
             state.proposer.update(result.num_accepted)
-            state.controller.record(k, result.num_accepted, state.proposer_seconds, seconds)
-            outputs.append(self._commit(state, result.tokens, k, result.num_accepted))
+            depth = None if tree is None else tree.max_depth
+            target_seconds = seconds_per_row * chunk.num_tokens + (rows.seconds if isinstance(rows, RowLogits) else 0.0)
+            state.controller.record(k, result.num_accepted, state.proposer_seconds, target_seconds, depth)
+            outputs.append(self._commit(state, result.tokens, k, result.num_accepted, depth))
         return outputs
+
+    def _verify(self, state: _SequenceState, rows: torch.Tensor | RowLogits, entry: BatchEntry
+                ) -> tuple[VerificationResult, list[int], TokenTree | None]:
+        """Verify a sequence's drafts against their rows' logits ([1 + k, vocab], or computed row by
+        row for a big tree). Returns the result, the rows whose next tokens are now committed, and
+        the token tree (None for a chain)."""
+        seq, params, proposal = state.seq, state.request.params, state.proposal
+        k = len(entry.tokens) - 1
+        drafts, probs = seq.draft_tokens[:k], None if proposal.probs is None else proposal.probs[:k]
+        if entry.row_paths is None:
+            result = self.verifier.verify(rows, drafts, probs, params, state.generator)
+            return result, list(range(result.num_accepted + 1)), None
+        tree = TokenTree(tuple(proposal.parents[:k]))
+        result = self.tree_verifier.verify(rows, tree, drafts, probs, params, state.generator)
+        kept = [0] + [i + 1 for i in result.path]
+        # Row r was written at the slot of position start + r; the accepted path moves right after the root.
+        new_slots = entry.slots[len(entry.slots) - len(entry.tokens) :]
+        self.cache.move_slots([new_slots[r] for r in kept[1:]], new_slots[1 : len(kept)])
+        return result, kept, tree
 
     def _propose(self) -> None:
         """Give each decoding sequence with a proposer its drafts for this step (unless the batch is big)."""
@@ -200,28 +246,58 @@ class BatchEngine:
             state = self._states[seq.seq_id]
             if state.proposer is None or seq.num_uncomputed != 1 or not seq.output_ids:
                 continue
-            if not state.proposer_started:
-                state.proposer.start(seq.prompt_ids, seq.max_total_tokens + state.controller.max_k + 1)
-                state.proposer_started = True
-            k = min(state.controller.next_k(), state.tracker.remaining - 1, seq.max_total_tokens - seq.num_tokens - 1)
-            if k <= 0:
+            self._start_proposer(state)
+            # K drafts plus the bonus token must fit the budget and the sequence's blocks. A tree's K
+            # counts its nodes; only its depth is bounded by the tokens still wanted.
+            wanted, room = state.tracker.remaining - 1, seq.max_total_tokens - seq.num_tokens - 1
+            trees = bool(getattr(state.proposer, "proposes_trees", False))
+            k = min(state.controller.next_k(), room if trees else wanted, room)
+            if k <= 0 or wanted <= 0:
                 continue
             t0 = time.perf_counter()
-            state.proposal = state.proposer.propose(seq.token_ids, k, state.request.params, state.generator)
-            state.proposer_seconds = time.perf_counter() - t0
-            seq.draft_tokens = list(state.proposal.tokens[:k])
+            proposal = state.proposer.propose(seq.token_ids, k, state.request.params, state.generator)
+            if proposal.parents is not None:
+                proposal = limit_depth(proposal, wanted)
+            state.proposal, state.proposer_seconds = proposal, time.perf_counter() - t0
+            seq.draft_tokens = list(proposal.tokens[:k])
+
+    def _start_proposer(self, state: _SequenceState) -> None:
+        if not state.proposer_started:
+            state.proposer.start(state.seq.prompt_ids, state.seq.max_total_tokens + state.controller.max_k + 1)
+            state.proposer_started = True
+
+    def _add_features(self, state: _SequenceState, start: int, features: torch.Tensor) -> None:
+        """Hand a feature proposer the target features ([n, hidden]) of positions start..start+n-1,
+        whose next tokens are committed, minus those it holds already (a preempted sequence recomputes)."""
+        if not wants_features(state.proposer):
+            return
+        self._start_proposer(state)
+        skip = state.num_features - start
+        if skip < 0:  # a prefix-cache hit computed no features there
+            assert not wants_feature_history(state.proposer), f"{state.seq.seq_id}: features skipped"
+            skip = 0
+        if skip < features.shape[0]:
+            state.proposer.add_features(features[skip:].clone())  # a copy: the step's hidden states are freed
+            state.num_features = start + features.shape[0]
 
     def _entry(self, chunk: ScheduledChunk) -> BatchEntry:
         seq, end = chunk.seq, chunk.start + chunk.num_tokens
         tokens = (seq.token_ids + seq.draft_tokens[: chunk.num_drafts])[chunk.start : end]
-        return BatchEntry(tokens, chunk.start, self.block_manager.slot_ids(seq.seq_id, 0, end),
-                          1 + chunk.num_drafts if chunk.completes else 0)
+        row_paths, num_logits = None, 1 + chunk.num_drafts if chunk.completes else 0
+        parents = self._states[seq.seq_id].proposal.parents if chunk.num_drafts else None
+        if parents is not None:  # drafts cut short by the scheduler: parents come first, so a prefix is a tree
+            tree = TokenTree(tuple(parents[: chunk.num_drafts]))
+            row_paths = None if tree.is_chain() else tree.row_paths()
+            if row_paths is not None and tree.num_nodes >= LAZY_LOGITS_NODES:
+                num_logits = 0  # as in the single-request engine: the walk asks for its path's rows only
+        return BatchEntry(tokens, chunk.start, self.block_manager.slot_ids(seq.seq_id, 0, end), num_logits, row_paths)
 
     @staticmethod
     def _sample(state: _SequenceState, rows: torch.Tensor) -> int:
         return int(select_tokens(rows[:1], state.request.params, state.generator)[0])
 
-    def _commit(self, state: _SequenceState, tokens: list[int], drafted: int = 0, accepted: int = 0) -> SequenceOutput:
+    def _commit(self, state: _SequenceState, tokens: list[int], drafted: int = 0, accepted: int = 0,
+                depth: int | None = None) -> SequenceOutput:
         taken = state.tracker.add(tokens)
         seq, stats = state.seq, state.stats
         seq.output_ids.extend(tokens[:taken])
@@ -231,9 +307,9 @@ class BatchEngine:
             stats.prefill_seconds = now - state.t_arrival  # time to first token
             stats.target_forwards += 1
         else:
-            stats.record_step(drafted, accepted, taken)
+            stats.record_step(drafted, accepted, taken, depth)
         out = SequenceOutput(state.request.request_id, state.index, tokens[:taken], state.tracker.take_delta(),
-                             num_drafted=drafted, num_accepted=accepted)
+                             num_drafted=drafted, num_accepted=accepted, draft_depth=depth)
         if state.tracker.finished:
             stats.completion_tokens = len(state.tracker.token_ids)
             stats.seconds = now - state.t_arrival

@@ -84,22 +84,23 @@ class ModelRunner:
             return int8_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim)
         return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.model.attn_dtype.itemsize
 
-    def forward_batch(self, cache: PagedKVCache, entries: list[BatchEntry]) -> tuple[torch.Tensor, float]:
+    def forward_batch(self, cache: PagedKVCache, entries: list[BatchEntry]) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One step over the new tokens of several sequences, flattened through the layers together.
 
-        Returns (logits [sum of num_logits, vocab] in entry order, seconds).
+        Returns (logits [sum of num_logits, vocab] in entry order, features [num_tokens, hidden]
+        (hidden states after the final norm, for proposers that draft from them), seconds).
         """
         t0 = time.perf_counter()
         device = cache.keys.device
         tokens = torch.tensor([t for e in entries for t in e.tokens], dtype=torch.long, device=device)
-        positions = torch.tensor([e.start + i for e in entries for i in range(len(e.tokens))], device=device)
+        positions = torch.tensor([p for e in entries for p in e.positions()], device=device)
         rows, offset = [], 0
         for e in entries:
             offset += len(e.tokens)
             rows.extend(range(offset - e.num_logits, offset))
         hidden = self.model(tokens, positions, cache, PagedAttentionMetadata(entries, device))
         logits = self.model.compute_logits(hidden, rows) if rows else hidden.new_zeros(0, self.config.vocab_size)
-        return logits, time.perf_counter() - t0
+        return logits, hidden, time.perf_counter() - t0
 
 
 class RowLogits:

@@ -29,6 +29,7 @@ class Sequence:
     draft_tokens: list[int] = field(default_factory=list)  # speculative tokens to verify after the last one
     num_preemptions: int = 0
     finished: bool = False
+    reuse_prefix: bool = True  # False: compute the whole prompt even when cached blocks hold a prefix
 
     @property
     def token_ids(self) -> list[int]:
@@ -137,7 +138,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
             seq = self.waiting[0]
             if not self.blocks.has(seq.seq_id):
-                seq.num_computed = self.blocks.allocate(seq.seq_id, seq.token_ids)
+                seq.num_computed = self.blocks.allocate(seq.seq_id, seq.token_ids, seq.reuse_prefix)
             n = min(seq.num_uncomputed, budget)
             copies = self.blocks.ensure_slots(seq.seq_id, seq.num_computed, seq.num_computed + n)
             if copies is None:

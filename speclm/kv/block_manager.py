@@ -104,13 +104,14 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     # -- public: lifecycle -----------------------------------------------------------------
-    def allocate(self, seq_id: str, token_ids: list[int]) -> int:
+    def allocate(self, seq_id: str, token_ids: list[int], reuse_prefix: bool = True) -> int:
         """Start a sequence: attach cached blocks holding a prefix of token_ids; return how many
-        tokens they cover. At least the last prompt token is left to compute (its logits are needed)."""
+        tokens they cover. At least the last prompt token is left to compute (its logits are needed).
+        reuse_prefix=False computes every token (its blocks are still offered to later prompts)."""
         assert seq_id not in self._seqs, seq_id
         seq = _SequenceBlocks()
         self._seqs[seq_id] = seq
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or not reuse_prefix:
             return 0
         self.stats.queried_tokens += len(token_ids)
         bs = self.block_size

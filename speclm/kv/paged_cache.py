@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from speclm.kv.quantized import Int8Slots
-from speclm.models.layers import AttentionMetadata, attend_like_decoding
+from speclm.models.layers import AttentionMetadata, attend_like_decoding, attend_tree_like_decoding, tree_paths
 
 
 class PagedKVCache:
@@ -57,32 +57,56 @@ class PagedKVCache:
                     Int8Slots(self.values[index], self.value_scales[index], self.dtype))
         return self.keys[index], self.values[index]
 
+    def _tensors(self) -> list[torch.Tensor]:
+        return [self.keys, self.values] + ([self.key_scales, self.value_scales] if self.quantize else [])
+
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy whole blocks src -> dst in every layer (copy-on-write of shared blocks)."""
         bs = self.block_size
-        tensors = [self.keys, self.values] + ([self.key_scales, self.value_scales] if self.quantize else [])
         for src, dst in copies:
-            for t in tensors:
+            for t in self._tensors():
                 t[:, :, dst * bs : (dst + 1) * bs] = t[:, :, src * bs : (src + 1) * bs]
+
+    def move_slots(self, src: list[int], dst: list[int]) -> None:
+        """Copy the entries of slots src to slots dst in every layer (a verified token tree's
+        accepted path moves right after its root; the sources are read before any is written)."""
+        if not src:
+            return
+        src_index = torch.tensor(src, device=self.keys.device)
+        dst_index = torch.tensor(dst, device=self.keys.device)
+        for t in self._tensors():
+            t[:, :, dst_index] = t[:, :, src_index]
 
 
 @dataclass
 class BatchEntry:
     """One sequence's part of a batched step: new tokens at positions start.., the cache slots of
     its tokens 0..start+len(tokens)-1 (minus any a StreamingLLM window dropped; the new tokens'
-    slots are the last ones), and how many trailing rows need logits."""
+    slots are the last ones), and how many trailing rows need logits.
+
+    `row_paths` marks a token-tree verification (speclm/spec/tree.py): tokens are the pending token
+    then the tree's nodes, row r (written at the slot of position start + r) sits at position
+    start + its depth and attends to the prefix and its path only (rows from 0 down to itself)."""
 
     tokens: list[int]
     start: int
     slots: list[int]
     num_logits: int
+    row_paths: list[list[int]] | None = None
+
+    def positions(self) -> list[int]:
+        """The rotary position of every new token."""
+        if self.row_paths is None:
+            return list(range(self.start, self.start + len(self.tokens)))
+        return [self.start + len(path) - 1 for path in self.row_paths]
 
 
 class PagedAttentionMetadata:
     """Where a batched step's flattened tokens go in the paged cache and what each may attend to.
 
     Single-token (decode) sequences are attended together as one padded batch; sequences with
-    several new tokens (prefill chunks, verification) one by one with a causal mask.
+    several new tokens (prefill chunks, verification) one by one with a causal mask, or for a token
+    tree with each row over the prefix and its path.
     """
 
     def __init__(self, entries: list[BatchEntry], device: torch.device | str = "cpu") -> None:
@@ -96,7 +120,8 @@ class PagedAttentionMetadata:
                 single_rows.append(offsets)
                 single_slots.append(e.slots)
             else:
-                self.multi.append((offsets, e, torch.tensor(e.slots, dtype=torch.long, device=device)))
+                paths = None if e.row_paths is None else tree_paths(e.row_paths, device)
+                self.multi.append((offsets, e, torch.tensor(e.slots, dtype=torch.long, device=device), paths))
             offsets += len(e.tokens)
         self.single_rows = torch.tensor(single_rows, dtype=torch.long, device=device)  # [num_single]
         self.single_slots, self.single_valid = None, None
@@ -126,8 +151,17 @@ class PagedAttentionMetadata:
             queries = q[:, self.single_rows].transpose(0, 1).unsqueeze(2)  # [num_single, heads, 1, head_dim]
             single = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.single_valid, enable_gqa=gqa)
             out[:, self.single_rows] = single[:, :, 0].transpose(0, 1)
-        for offset, e, slots in self.multi:
+        for offset, e, slots, paths in self.multi:
             n = len(e.tokens)
+            if paths is not None:  # tree rows, each like decoding once its path is committed
+                # Gathered copies (dequantized for int8), so the path shuffling never touches the pool;
+                # the new rows are read back from them like decoding reads its keys.
+                keys, values = k_cache[:, slots], v_cache[:, slots]  # [kv_heads, len(slots), head_dim]
+                start = keys.shape[1] - n
+                out[:, offset : offset + n] = attend_tree_like_decoding(
+                    q[:, offset : offset + n], keys[:, start:].clone(), values[:, start:].clone(), keys, values,
+                    start, paths, gqa)
+                continue
             if e.num_logits > 1:  # verification rows: computed exactly as decoding would
                 out[:, offset : offset + n] = attend_like_decoding(
                     q[:, offset : offset + n], k_cache[:, slots], v_cache[:, slots], gqa

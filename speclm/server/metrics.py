@@ -39,7 +39,7 @@ class ServerMetrics:
         self.steps.inc()
         self.generation_tokens.inc(sum(len(o.token_ids) for o in outputs))
         for o in outputs:
-            for i in range(o.num_drafted):
+            for i in range(o.num_drafted if o.draft_depth is None else o.draft_depth):  # a tree: per depth
                 self.drafted.labels(str(i)).inc()
                 if i < o.num_accepted:
                     self.accepted.labels(str(i)).inc()

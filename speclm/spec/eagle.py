@@ -1,6 +1,8 @@
 """EAGLE proposer (eagle:PATH): a one-layer feature-level head drafts a chain or an EAGLE-2 dynamic tree."""
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from speclm.kv.cache import KVCache
@@ -43,6 +45,13 @@ class EagleProposer:
         self.rows = 0  # committed rows in the head's cache
         self.pending: list[torch.Tensor] = []  # features not yet turned into rows
         self.last: torch.Tensor | None = None  # the last committed row's predicted feature, [hidden]
+
+    def fresh(self) -> "EagleProposer":
+        """A proposer for another sequence sharing this one's head and output head, with its own
+        (not yet started) draft cache: the batched engine keeps one per sequence."""
+        other = copy.copy(self)
+        other.cache, other.rows, other.pending, other.last = None, 0, [], None
+        return other
 
     def start(self, prompt_ids: list[int], capacity: int) -> None:
         c, p = self.head.target_config, self.embed.weight  # the activations' dtype (the head may be quantized)

@@ -1,6 +1,7 @@
 """Medusa proposer (medusa:PATH): K parallel heads on the target's last feature draft a static token tree."""
 from __future__ import annotations
 
+import copy
 import heapq
 
 import torch
@@ -41,6 +42,7 @@ class MedusaProposer:
     are the heads' top tokens (deterministic), which the verifier handles exactly when sampling."""
 
     wants_features = True
+    feature_history = False  # drafts from the last feature only
     proposes_trees = True
 
     def __init__(self, target: LlamaModel, heads: MedusaHeads, width: int = 3, name: str = "medusa") -> None:
@@ -52,6 +54,13 @@ class MedusaProposer:
         self.width = min(width, heads.vocab_size if heads.token_map is None else heads.token_map.numel())
         self._trees: dict[int, tuple[list[int], list[tuple[int, ...]]]] = {}
         self.feature: torch.Tensor | None = None
+
+    def fresh(self) -> "MedusaProposer":
+        """A proposer for another sequence sharing these heads, output head and trees (the batched
+        engine keeps one per sequence; building the subset output head again would copy weights)."""
+        other = copy.copy(self)
+        other.feature = None
+        return other
 
     def start(self, prompt_ids: list[int], capacity: int) -> None:
         self.feature = None

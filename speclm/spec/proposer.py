@@ -48,7 +48,11 @@ class FeatureProposer(Proposer, Protocol):
     """A proposer that drafts from the target's hidden states (Medusa, EAGLE). The engine sets
     `wants_features` proposers apart and hands them the features of every committed position but
     the pending last one: after prefill those of prompt[:-1], after each verification those of the
-    rows whose next token was committed. So with L committed tokens it holds f_0 .. f_{L-2}."""
+    rows whose next token was committed. So with L committed tokens it holds f_0 .. f_{L-2}.
+
+    `feature_history` (default True) says the proposer needs all of them; False (Medusa drafts from
+    the last one only) lets the batched engine reuse prefix-cache blocks, whose positions it never
+    computes and so has no features for."""
 
     wants_features: bool
 
@@ -59,3 +63,8 @@ class FeatureProposer(Proposer, Protocol):
 def wants_features(proposer: Proposer | None) -> bool:
     """True when the engine must keep hidden states for this proposer (others cost nothing extra)."""
     return bool(getattr(proposer, "wants_features", False))
+
+
+def wants_feature_history(proposer: Proposer | None) -> bool:
+    """True when the proposer needs the features of every committed position, not just the latest."""
+    return wants_features(proposer) and bool(getattr(proposer, "feature_history", True))

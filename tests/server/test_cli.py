@@ -15,12 +15,15 @@ def test_serve_rejects_bad_options(capsys):
     assert "--port must be in 0..65535, got 70000" in err and "block_size must be in 1..1024, got 0" in err
 
 
-def test_bench_serve_writes_json_and_markdown(tmp_path):
+def test_bench_serve_writes_json_and_markdown(tmp_path, stories_llm):
+    from tests.spec.tree_proposers import write_perturbed_heads
+
+    eagle = write_perturbed_heads(stories_llm.model.config, tmp_path)["eagle"]
     args = ["bench", "serve", *STORIES, "--no-chat", "--per-category", "1", "--concurrency", "1,3",
-            "--requests", "3", "--max-tokens", "6", "--methods", "ar,ngram", "--out", str(tmp_path)]
+            "--requests", "3", "--max-tokens", "6", "--methods", f"ar,ngram,eagle:{eagle},topk=1", "--out", str(tmp_path)]
     assert main(args) == 0
     data = json.loads((tmp_path / "serve.json").read_text())
-    assert list(data["results"]) == ["no speculation", "ngram (K=4, adaptive)"]
+    assert list(data["results"]) == ["no speculation", "ngram (K=4, adaptive)", f"eagle:{eagle},topk=1 (K=4, adaptive)"]
     for levels in data["results"].values():
         assert [r["concurrency"] for r in levels] == [1, 3]
         assert all(r["tokens"] == 18 and r["tokens_per_s"] > 0 and r["ttft_p99"] >= r["ttft_p50"] > 0 for r in levels)

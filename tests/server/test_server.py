@@ -180,3 +180,25 @@ def test_speculative_server_is_lossless_and_reports_acceptance(stories_llm):
         accepted = metric(url, 'speclm_spec_accepted_tokens_total{position="0"}')
         assert drafted > 0 and 0 < accepted <= drafted
         assert metric(url, 'speclm_spec_drafted_tokens_total{position="1"}') <= drafted
+
+
+@pytest.mark.parametrize("spec", ["medusa:{medusa}", "eagle:{eagle}"])  # default options: token trees
+def test_head_speculation_server_returns_plain_greedy_text(stories_llm, tmp_path, spec):
+    from tests.spec.tree_proposers import write_perturbed_heads
+
+    llm = stories_llm.with_spec(spec.format(**write_perturbed_heads(stories_llm.model.config, tmp_path)), 5)
+    jobs = [(PROMPTS[i], 20 + 15 * i) for i in range(4)]
+    expected = [offline(stories_llm, p, m).text for p, m in jobs]
+
+    async def one(client, prompt, max_tokens):
+        r = await client.completions.create(model="test-model", prompt=prompt, max_tokens=max_tokens, temperature=0)
+        return r.choices[0].text
+
+    async def main(url):
+        async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", timeout=60, max_retries=0) as client:
+            return await asyncio.wait_for(asyncio.gather(*(one(client, p, m) for p, m in jobs)), 120)
+
+    with running_server(llm) as (url, app):
+        assert asyncio.run(main(url)) == expected
+        assert metric(url, 'speclm_spec_drafted_tokens_total{position="0"}') > 0
+        wait_until(lambda: engine_idle(app))

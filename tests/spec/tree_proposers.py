@@ -1,12 +1,27 @@
 """Synthetic tree proposers for tests: the true continuation hidden among distractors, and trees drawn
-from a known draft distribution."""
+from a known draft distribution; randomly perturbed Medusa / EAGLE heads."""
 from __future__ import annotations
 
 import random
 
 import torch
 
+from speclm.models.config import ModelConfig
+from speclm.spec.heads import EagleHead, MedusaHeads, save_head
 from speclm.spec.proposer import Proposal
+
+
+def write_perturbed_heads(config: ModelConfig, root) -> dict[str, str]:
+    """Randomly perturbed Medusa (3 heads, 64-token subset) and EAGLE (token_map) heads for a target
+    of `config`, saved under root; {"medusa": dir, "eagle": dir}. Exactness must not depend on head quality."""
+    g = torch.Generator().manual_seed(0)
+    medusa = MedusaHeads(config.hidden_size, config.vocab_size, 3,
+                         token_map=torch.randperm(config.vocab_size, generator=g)[:64])
+    eagle = EagleHead(config, token_map=torch.arange(0, config.vocab_size, 2))
+    for head, scale in ((medusa, 0.2), (eagle, 0.5)):
+        for p in head.parameters():
+            p.data += scale * torch.randn(p.shape, generator=g)
+    return {"medusa": str(save_head(medusa, root / "medusa")), "eagle": str(save_head(eagle, root / "eagle"))}
 
 
 class OracleTreeProposer:
