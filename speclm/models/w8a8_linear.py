@@ -20,6 +20,8 @@ import warnings
 import torch
 from torch import nn
 
+from speclm.models.quantizers import quantize_int8
+
 
 def w8a8_supported() -> bool:
     """Whether this torch build has fbgemm's x86 int8 kernels (not on ARM builds)."""
@@ -27,13 +29,13 @@ def w8a8_supported() -> bool:
 
 
 def _quantized_int8_weight(weight: torch.Tensor) -> torch.Tensor:
-    """Symmetric int8 per output channel as a quantized tensor fbgemm can prepack."""
-    scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12).double()  # [out]
-    q = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    """Symmetric int8 per output channel (quantizers.quantize_int8) as a quantized tensor fbgemm can
+    prepack."""
+    q, scales = quantize_int8(weight)
     zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
     with warnings.catch_warnings():  # quantized-tensor creation is deprecated, the kernel is not
         warnings.simplefilter("ignore")
-        return torch._make_per_channel_quantized_tensor(q, scales, zero_points, 0)
+        return torch._make_per_channel_quantized_tensor(q, scales.double(), zero_points, 0)
 
 
 class W8A8Linear(nn.Module):
