@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import ctypes
+import ctypes.util
 import itertools
 from contextlib import contextmanager
 
@@ -46,8 +48,37 @@ def build_model(
     checkpoint (GGUF) at most one layer's fp32 weights exist beside the quantized model.
     """
     fmt = WeightFormat.parse(weights)
+    return_big_frees_to_os()
     with single_threaded():
-        return _build(checkpoint, dtype, device, fmt)
+        model = _build(checkpoint, dtype, device, fmt)
+    trim_freed_memory()
+    return model
+
+
+def _libc():
+    """glibc, or None (another C library: the two calls below then do nothing)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def return_big_frees_to_os(threshold: int = 1 << 20) -> None:
+    """Serve allocations of >= 1 MB by mmap, so freeing them returns the memory to the OS at once.
+    glibc otherwise raises its mmap threshold after the first big frees, and loading's per-layer fp32
+    temporaries then stay in the heap: peak RSS of loading SmolLM2 in int4 was 954 MB, 806 MB with this.
+    (Process-wide; decoding allocates nothing this big per token.)"""
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(-3, threshold)  # M_MMAP_THRESHOLD
+
+
+def trim_freed_memory() -> None:
+    """Give the heap's free pages back to the OS (after loading)."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 @contextmanager
