@@ -166,11 +166,15 @@ def test_batched_tree_verification_finds_deep_paths_and_is_exact(llm, k):
                 assert float(error.max()) < 0.02
 
 
-def test_batched_trees_match_plain_batched_decoding_with_an_int8_cache(stories_llm):
-    """With an int8 KV cache the output differs from the single engine's, but tree speculation must
-    still reproduce the batched engine's own plain greedy output (moved path entries keep their scales).
-    (Not so with a StreamingLLM window, for chains as for trees: drafts make the window slide earlier.)"""
-    config = {"kv_cache_dtype": "int8"}
+@pytest.mark.parametrize("config", [
+    {"kv_cache_dtype": "int8"},
+    {"block_size": 8, "num_blocks": 64, "streaming_window": 32, "attention_sinks": 8},
+], ids=["int8-cache", "streaming-window"])
+def test_batched_trees_match_plain_batched_decoding(stories_llm, config):
+    """With an int8 KV cache or a StreamingLLM window the output differs from the single engine's, but
+    tree speculation must still reproduce the batched engine's own plain greedy output (moved path
+    entries keep their int8 scales; a step's rows stay in its first row's block, so drafts never make
+    the window slide earlier than plain decoding)."""
     requests = requests_of(stories_llm)
     runner = ModelRunner(stories_llm.model)
     plain = BatchEngine(runner, stories_llm.tokenizer, CacheConfig(**config))

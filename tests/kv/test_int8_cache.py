@@ -60,3 +60,23 @@ def test_streaming_window_generates_past_the_cache_with_bounded_blocks(stories_l
     assert tokens[:first_eviction] == full.token_ids[:first_eviction]
     assert tokens != full.token_ids
     assert engine.block_manager.num_used_blocks == 0
+
+
+def test_streaming_window_with_speculation_equals_plain_streaming_decoding(stories_llm):
+    """Drafts must not make the window slide earlier than plain decoding would: a step's rows stay
+    in the block of its first row (where plain decoding of that row would evict too)."""
+    from speclm.config import SpecConfig
+
+    runner = ModelRunner(stories_llm.model)
+    prompts = ["Once upon a time", "Tom had a dog. Tom had a dog. Tom"]
+    params = SamplingParams(max_tokens=120, ignore_eos=True)
+    config = dict(block_size=4, num_blocks=32, streaming_window=40, attention_sinks=4)
+    requests = [Request(str(i), stories_llm.encode(p), params) for i, p in enumerate(prompts)]
+    plain = BatchEngine(runner, stories_llm.tokenizer, CacheConfig(**config)).generate(requests)
+    for spec in ("ngram", "layerskip:3"):
+        engine = BatchEngine(runner, stories_llm.tokenizer, CacheConfig(**config),
+                             SpecConfig.parse(spec, 4, adaptive=False), stories_llm.new_proposer)
+        outs = engine.generate(requests)
+        for got, want in zip(outs, plain):
+            assert got[0].token_ids == want[0].token_ids, spec
+        assert sum(o[0].stats.accepted_tokens for o in outs) > 0, spec  # drafts were accepted
