@@ -105,8 +105,8 @@ def compare_markdown(r: dict) -> str:
         "",
         f"Command: `{r['command']}`",
         "",
-        f"Machine: {m.get('cpu')}, {m.get('cores')} cores, torch {m.get('torch')}. The 2 cores were shared with other "
-        "jobs during the run, so absolute numbers are noisy: engines ran interleaved (repeat > prompt > engine) and "
+        f"Machine: {m.get('cpu')}, {m.get('cores')} cores, torch {m.get('torch')}. Absolute numbers depend on what else "
+        "the machine runs (this tool does not check), so engines ran interleaved (repeat > prompt > engine) and "
         "tokens/s is the median over repeats of (all tokens / all seconds, prefill included) — compare ratios, not absolutes.",
         "",
         f"Prompts: {len(r['prompts'])} Spec-Bench prompts ({', '.join(sorted({p['category'] for p in r['prompts']}))}), "

@@ -9,8 +9,8 @@ import sys
 
 from speclm.cli.common import load_llm
 
-NOTE = ("The machine's 2 cores were shared with other agents' jobs during the run, so absolute numbers are "
-        "noisy; ratios between levels of the same run are the meaningful part.")
+NOTE = ("Absolute numbers depend on what else the machine runs (this tool does not check); ratios between "
+        "levels of the same run are the meaningful part.")
 
 
 def run_serve(args: argparse.Namespace) -> int:
