@@ -250,13 +250,14 @@ class BatchEngine:
             # K drafts plus the bonus token must fit the budget and the sequence's blocks. A tree's K
             # counts its nodes; only its depth is bounded by the tokens still wanted.
             wanted, room = state.tracker.remaining - 1, seq.max_total_tokens - seq.num_tokens - 1
-            if self.block_manager.window_blocks is not None:
-                # A StreamingLLM window evicts a block when a new one is allocated. Rows of this step
-                # stay in the block of its first row (where plain decoding of that row allocates, and
-                # so evicts, the same way): a row past it would make the window slide early and change
-                # what the earlier rows attend to.
-                bs = self.config.block_size
-                room = min(room, bs - 1 - (seq.num_tokens - 1) % bs)
+            window_end = self.block_manager.eviction_free_end(seq.seq_id)
+            if window_end is not None:
+                # A full StreamingLLM window evicts a block for every new one. Rows of this step stay
+                # before that point, or else in the block of its first row (where plain decoding of
+                # that row allocates, and so evicts, the same way): a row past it would make the
+                # window slide early and change what the earlier rows attend to.
+                first, bs = seq.num_tokens - 1, self.config.block_size
+                room = min(room, max(window_end, (first // bs + 1) * bs) - 1 - first)
             trees = bool(getattr(state.proposer, "proposes_trees", False))
             k = min(state.controller.next_k(), room if trees else wanted, room)
             if k <= 0 or wanted <= 0:

@@ -151,6 +151,15 @@ class BlockManager:
         seq.blocks.extend(self._pop_free() for _ in range(new_blocks))
         return copies
 
+    def eviction_free_end(self, seq_id: str) -> int | None:
+        """With a StreamingLLM window: how many positions the sequence can fill before allocating a
+        block makes the window evict one (None without a window)."""
+        if self.window_blocks is None:
+            return None
+        seq = self._seqs[seq_id]
+        kept = sum(b != EVICTED for b in seq.blocks)
+        return (len(seq.blocks) + self.window_blocks - kept) * self.block_size
+
     def mark_computed(self, seq_id: str, token_ids: list[int], num_computed: int) -> None:
         """Record that the first num_computed tokens (token_ids) are in the cache: full blocks among
         them become prefix-cache entries other prompts can reuse."""

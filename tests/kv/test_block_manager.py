@@ -90,10 +90,12 @@ def test_streaming_window_keeps_sinks_and_recent_blocks():
 
     bm = BlockManager(num_blocks=4, block_size=2, enable_prefix_caching=False, window_blocks=3, sink_blocks=1)
     bm.allocate("s", [1, 2, 3])
+    assert bm.eviction_free_end("s") == 6  # no block held yet: the window has room for 3
     assert bm.ensure_slots("s", 0, 6) == []  # 3 blocks: exactly the window
-    assert bm.block_table("s") == [0, 1, 2]
+    assert bm.block_table("s") == [0, 1, 2] and bm.eviction_free_end("s") == 6
     assert bm.ensure_slots("s", 6, 7) == []  # a 4th block: the oldest non-sink block (1) is dropped first
     assert bm.block_table("s") == [0, EVICTED, 2, 1] and bm.num_used_blocks == 3
+    assert bm.eviction_free_end("s") == 8  # the window is full: the next block evicts
     assert bm.slot_ids("s", 0, 7) == [0, 1, 4, 5, 2]  # positions 2, 3 are gone
     bm.ensure_slots("s", 8, 9)
     assert bm.block_table("s") == [0, EVICTED, EVICTED, 1, 2]
