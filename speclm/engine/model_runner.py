@@ -19,6 +19,7 @@ class ModelRunner:
 
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
+        model.use_lean_kernels()
         self.config = model.config
 
     @property

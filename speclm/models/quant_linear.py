@@ -2,7 +2,10 @@
 lm_head is w8a8: int8 weights and activations, speclm/models/w8a8_linear.py)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +52,14 @@ class WeightFormat:
 
 
 # -- runtime modules -------------------------------------------------------------------------------
+def _quantized_forward(matmul: Callable[[torch.Tensor], torch.Tensor], bias: torch.Tensor | None,
+                       x: torch.Tensor) -> torch.Tensor:
+    y = matmul(x if x.dtype == COMPUTE_DTYPE else x.to(COMPUTE_DTYPE))
+    if bias is not None:
+        y = y + bias  # fp32 bias added to the exact bf16 product, as before
+    return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
 class QuantizedLinear(nn.Module):
     """Base of the non-fp32 linear layers: bf16 matmul, fp32 in and out, optional fp32 bias."""
 
@@ -57,8 +68,12 @@ class QuantizedLinear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x [n, in] bf16 -> [n, out] bf16
+    def matmul_kernel(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The matmul x [n, in] bf16 -> [n, out] bf16, as a closure over this layer's tensors."""
         raise NotImplementedError
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul_kernel()(x)
 
     def dequantized_weight(self) -> torch.Tensor:
         """The fp32 [out, in] weight this layer computes with: the reference for its correctness."""
@@ -66,10 +81,11 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x in its dtype -> y in the same dtype. The model feeds bf16 activations, so no cast runs."""
-        y = self.matmul(x if x.dtype == COMPUTE_DTYPE else x.to(COMPUTE_DTYPE))
-        if self.bias is not None:
-            y = y + self.bias  # fp32 bias added to the exact bf16 product, as before
-        return y if y.dtype == x.dtype else y.to(x.dtype)
+        return _quantized_forward(self.matmul, self.bias, x)
+
+    def kernel(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """forward as a closure over this layer's tensors (no nn.Module dispatch; LayerKernels)."""
+        return functools.partial(_quantized_forward, self.matmul_kernel(), self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -82,8 +98,8 @@ class BF16Linear(QuantizedLinear):
         super().__init__(weight.shape[1], weight.shape[0], bias)
         self.register_buffer("weight", weight.detach().to(COMPUTE_DTYPE).contiguous())
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+    def matmul_kernel(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        return functools.partial(F.linear, weight=self.weight)
 
     def dequantized_weight(self) -> torch.Tensor:
         return self.weight.float()
@@ -101,10 +117,11 @@ class Int8Linear(QuantizedLinear):
         self.register_buffer("weight", F.pad(q, (0, self.pad)).contiguous())  # [out, in + pad] int8
         self.register_buffer("scales", scales.to(COMPUTE_DTYPE))  # [out]
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.pad:
-            x = F.pad(x, (0, self.pad))
-        return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
+    def matmul_kernel(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        op, weight, scales, pad = torch.ops.aten._weight_int8pack_mm, self.weight, self.scales, self.pad
+        if pad:
+            return lambda x: op(F.pad(x, (0, pad)), weight, scales)
+        return lambda x: op(x, weight, scales)
 
     def dequantized_weight(self) -> torch.Tensor:
         return self.weight[:, : self.in_features].float() * self.scales.float()[:, None]
@@ -128,8 +145,10 @@ class Int4Linear(QuantizedLinear):
         # [in/group, out, 2]: the kernel's layout of (scale, zero) pairs
         self.register_buffer("scales_and_zeros", torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(COMPUTE_DTYPE))
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight, self.group_size, self.scales_and_zeros)
+    def matmul_kernel(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        op, weight, group_size, scales_and_zeros = (
+            torch.ops.aten._weight_int4pack_mm_for_cpu, self.weight, self.group_size, self.scales_and_zeros)
+        return lambda x: op(x, weight, group_size, scales_and_zeros)
 
     def dequantized_weight(self) -> torch.Tensor:
         # The kernel's fp32 path on the identity: exactly the stored grid, without re-deriving the packing.
@@ -153,6 +172,16 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: WeightForm
     if fmt.name == "w8a8":
         return W8A8Linear(weight, bias)
     return Int4Linear(weight, bias, fmt.group_size)
+
+
+def linear_kernel(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`module`'s forward as a closure over its tensors where its type is known (nn.Linear and the
+    formats above), else the module itself: the same results without nn.Module dispatch."""
+    if type(module) is nn.Linear:
+        return functools.partial(F.linear, weight=module.weight, bias=module.bias)
+    if isinstance(module, QuantizedLinear):
+        return module.kernel()
+    return module
 
 
 def head_format(fmt: WeightFormat) -> WeightFormat:

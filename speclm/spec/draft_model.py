@@ -46,6 +46,8 @@ class DraftModelProposer:
     def __init__(self, model: LlamaModel, num_layers: int | None = None, name: str = "draft",
                  token_map: torch.Tensor | None = None) -> None:
         self.model = model
+        if model.lean_kernels is None:  # a draft model of its own (layerskip shares the runner's target)
+            model.use_lean_kernels()
         self.num_layers = num_layers
         self.name = name
         self.token_map = token_map
