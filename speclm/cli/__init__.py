@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 from speclm.cli import bench, chat, distill, eval, export, generate, merge, prune, quantize, serve
 
@@ -22,7 +23,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"speclm: warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
+    warnings.formatwarning = _one_line_warning  # a note for the user, not a source location
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):

@@ -220,3 +220,18 @@ def test_lean_kernels_equal_the_modules_bit_for_bit(padded_stories_dir, fmt):
     # The kernels really are closures (no module calls), except where the layer type is unknown.
     kernels = model.lean_kernels[0]
     assert not any(isinstance(k, torch.nn.Module) for k in kernels[:6])
+
+
+def test_int8_on_a_q4_gguf_warns_that_int4_keeps_its_grid():
+    from speclm.models.checkpoint import Checkpoint, format_advice
+
+    def checkpoint(kind: str) -> Checkpoint:
+        types = {f"model.layers.{i}.mlp.down_proj.weight": kind for i in range(3)}
+        types["model.embed_tokens.weight"] = "Q8_0"
+        return Checkpoint(None, {}, "x.gguf", {"format": "gguf", "gguf_tensor_types": types})
+
+    advice = format_advice(checkpoint("Q4_1"), WeightFormat.parse("int8"))
+    assert advice and "3 Q4_1 layer tensors" in advice and "int4" in advice
+    assert format_advice(checkpoint("Q4_1"), WeightFormat.parse("int4")) is None
+    assert format_advice(checkpoint("Q8_0"), WeightFormat.parse("int8")) is None  # an 8-bit file: nothing to keep
+    assert format_advice(Checkpoint(None, {}, "dir", {}), WeightFormat.parse("int8")) is None  # not a GGUF
