@@ -86,6 +86,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self._draft_turn = 0
 
     @property
     def capacity_tokens(self) -> int:
@@ -114,15 +115,18 @@ class Scheduler:
         self.blocks.free(seq.seq_id)
 
     def schedule(self) -> SchedulerOutput:
-        """Pick this step's work: running sequences first (oldest first), then admit waiting ones."""
+        """Pick this step's work: running sequences first (oldest first), then admit waiting ones,
+        then give what is left of the budget to speculative drafts.
+
+        Drafts come last so that speculation never changes how prompts are chunked: a prefill's
+        arithmetic depends on its chunks, and with bf16 activations a different chunking could flip
+        a greedy near-tie, making speculative output differ from plain decoding's."""
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            # Drafts only ride along with the sequence's last token, and only as far as the budget allows.
-            del seq.draft_tokens[max(0, budget - seq.num_uncomputed):]
-            n = min(seq.num_uncomputed + len(seq.draft_tokens), budget)
+            n = min(seq.num_uncomputed, budget)
             copies = self.blocks.ensure_slots(seq.seq_id, seq.num_computed, seq.num_computed + n)
             if copies is None:
                 # Out of blocks: recompute the newest running sequence later (maybe this one).
@@ -132,7 +136,7 @@ class Scheduler:
                     break
                 continue
             out.copies += copies
-            out.chunks.append(ScheduledChunk(seq, seq.num_computed, n, len(seq.draft_tokens)))
+            out.chunks.append(ScheduledChunk(seq, seq.num_computed, n))
             budget -= n
             i += 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
@@ -150,6 +154,25 @@ class Scheduler:
             out.copies += copies
             out.chunks.append(ScheduledChunk(seq, seq.num_computed, n))
             budget -= n
+        # Drafts ride along with a sequence's last token, as the budget allows; when it runs short,
+        # a rotating start lets every sequence have its turn.
+        turn = self._draft_turn % len(out.chunks) if out.chunks else 0
+        self._draft_turn += 1
+        for chunk in out.chunks[turn:] + out.chunks[:turn]:
+            drafts = chunk.seq.draft_tokens
+            if not chunk.completes:
+                drafts.clear()
+                continue
+            del drafts[budget:]
+            end = chunk.start + chunk.num_tokens
+            copies = self.blocks.ensure_slots(chunk.seq.seq_id, end, end + len(drafts)) if drafts else []
+            if copies is None:  # no free block for them: this step runs without drafts
+                drafts.clear()
+                continue
+            out.copies += copies
+            chunk.num_tokens += len(drafts)
+            chunk.num_drafts = len(drafts)
+            budget -= len(drafts)
         return out
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:

@@ -104,33 +104,30 @@ class BatchEntry:
 class PagedAttentionMetadata:
     """Where a batched step's flattened tokens go in the paged cache and what each may attend to.
 
-    Single-token (decode) sequences are attended together as one padded batch; sequences with
-    several new tokens (prefill chunks, verification) one by one with a causal mask, or for a token
-    tree with each row over the prefix and its path.
+    Every sequence attends on its own. A decode row makes the very call the single-request engine
+    makes for that token (one query, unmasked, over the sequence's keys): a padded batch with a mask
+    accumulates in another order, and with bf16 activations (int8/int4 weights) that flipped greedy
+    near-ties, so speculative output in a batch drifted from plain batched decoding (SmolLM2 int4:
+    2 of 10 Spec-Bench prompts). Sequences with several new tokens: prefill chunks with a causal
+    mask (a prompt's last token like a decode row), verification rows each like decoding, token
+    trees each row over the prefix and its path.
     """
 
     def __init__(self, entries: list[BatchEntry], device: torch.device | str = "cpu") -> None:
         self.slot_mapping = torch.tensor(
             [s for e in entries for s in e.slots[len(e.slots) - len(e.tokens) :]], dtype=torch.long, device=device
         )  # [num_tokens]
-        offsets, self.multi = 0, []  # (query offset, entry) of multi-token entries
-        single_rows, single_slots = [], []
+        offsets = 0
+        self.single: list[tuple[int, torch.Tensor]] = []  # (query row, key slots) of decode rows
+        self.multi = []  # (query offset, entry, key slots, tree paths) of multi-token entries
         for e in entries:
+            slots = torch.tensor(e.slots, dtype=torch.long, device=device)
             if len(e.tokens) == 1:
-                single_rows.append(offsets)
-                single_slots.append(e.slots)
+                self.single.append((offsets, slots))
             else:
                 paths = None if e.row_paths is None else tree_paths(e.row_paths, device)
-                self.multi.append((offsets, e, torch.tensor(e.slots, dtype=torch.long, device=device), paths))
+                self.multi.append((offsets, e, slots, paths))
             offsets += len(e.tokens)
-        self.single_rows = torch.tensor(single_rows, dtype=torch.long, device=device)  # [num_single]
-        self.single_slots, self.single_valid = None, None
-        if single_slots:
-            longest = max(len(s) for s in single_slots)
-            self.single_slots = torch.tensor([s + [0] * (longest - len(s)) for s in single_slots], device=device)
-            lengths = torch.tensor([len(s) for s in single_slots], device=device)
-            # [num_single, 1, 1, longest]: True where a key slot belongs to the sequence
-            self.single_valid = (torch.arange(longest, device=device) < lengths[:, None])[:, None, None, :]
 
     def attend(
         self,
@@ -145,12 +142,10 @@ class PagedAttentionMetadata:
         v_cache[:, self.slot_mapping] = v
         gqa = q.shape[0] != k.shape[0]
         out = torch.empty_like(q)
-        if self.single_slots is not None:
-            keys = k_cache[:, self.single_slots].transpose(0, 1)  # [num_single, kv_heads, longest, head_dim]
-            values = v_cache[:, self.single_slots].transpose(0, 1)
-            queries = q[:, self.single_rows].transpose(0, 1).unsqueeze(2)  # [num_single, heads, 1, head_dim]
-            single = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.single_valid, enable_gqa=gqa)
-            out[:, self.single_rows] = single[:, :, 0].transpose(0, 1)
+        for row, slots in self.single:  # decode rows: the single-request engine's call
+            out[:, row : row + 1] = F.scaled_dot_product_attention(
+                q[None, :, row : row + 1], k_cache[:, slots].unsqueeze(0), v_cache[:, slots].unsqueeze(0),
+                enable_gqa=gqa)[0]
         for offset, e, slots, paths in self.multi:
             n = len(e.tokens)
             if paths is not None:  # tree rows, each like decoding once its path is committed
@@ -167,13 +162,24 @@ class PagedAttentionMetadata:
                     q[:, offset : offset + n], k_cache[:, slots], v_cache[:, slots], gqa
                 )
                 continue
-            attn_mask, is_causal = AttentionMetadata(len(e.slots) - n, n).sdpa_mask()  # causal over kept keys
-            out[:, offset : offset + n] = F.scaled_dot_product_attention(
-                q[:, offset : offset + n].unsqueeze(0),
-                k_cache[:, slots].unsqueeze(0),
-                v_cache[:, slots].unsqueeze(0),
-                attn_mask=attn_mask,
-                is_causal=is_causal,
-                enable_gqa=gqa,
-            )[0]
+            # A prompt chunk. The prompt's last token, whose logits pick the first output token, attends
+            # like a decode row: the single-request engine prefills all but that token and runs it as
+            # the first pending token, so a prompt prefilled in one chunk gives both engines one output.
+            m = n - e.num_logits
+            if e.num_logits:
+                row = offset + m
+                out[:, row : row + 1] = F.scaled_dot_product_attention(
+                    q[None, :, row : row + 1], k_cache[:, slots].unsqueeze(0), v_cache[:, slots].unsqueeze(0),
+                    enable_gqa=gqa)[0]
+            if m:
+                kept = slots[: len(slots) - e.num_logits]
+                attn_mask, is_causal = AttentionMetadata(len(kept) - m, m).sdpa_mask()  # causal over kept keys
+                out[:, offset : offset + m] = F.scaled_dot_product_attention(
+                    q[:, offset : offset + m].unsqueeze(0),
+                    k_cache[:, kept].unsqueeze(0),
+                    v_cache[:, kept].unsqueeze(0),
+                    attn_mask=attn_mask,
+                    is_causal=is_causal,
+                    enable_gqa=gqa,
+                )[0]
         return out
