@@ -75,6 +75,8 @@ class DistillOptions:
         if self.num_layers < 1 or self.medusa_heads < 1 or self.medusa_layers < 1:
             raise ValueError(f"--layers, --medusa-heads and --medusa-layers must be >= 1, got "
                              f"{self.num_layers}, {self.medusa_heads}, {self.medusa_layers}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"--val-fraction must be in [0, 1), got {self.val_fraction}")
         if self.val_fraction and self.student != "eagle":
             raise ValueError(f"--val-fraction scores EAGLE's first drafts; it needs --student eagle, got {self.student!r}")
         if self.prompts is None and not self.own_prompts:
