@@ -69,6 +69,10 @@ def register(sub) -> None:
     g.add_argument("--steps", type=int, default=200, help="optimizer steps")
     g.add_argument("--batch-size", type=int, default=4, help="sequences per step")
     g.add_argument("--max-len", type=int, default=512, help="tokens per sequence at most (the end is kept)")
+    g.add_argument("--val-fraction", type=float, default=0.0,
+                   help="eagle: hold out this fraction of the cached sequences (seeded) and keep the head with the "
+                   "best held-out first-draft agreement with the target (0 = train on all, keep the last step)")
+    g.add_argument("--eval-every", type=int, default=100, help="with --val-fraction: steps between validations")
     g.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (AdamW)")
     g.add_argument("--warmup-steps", type=int, default=10, help="linear warmup steps, then cosine decay")
     g.add_argument("--min-lr-ratio", type=float, default=0.1, help="final LR as a fraction of --lr")
@@ -88,7 +92,8 @@ def options_from_args(args: argparse.Namespace):
 
     train = TrainConfig(steps=args.steps, lr=args.lr, warmup_steps=args.warmup_steps, min_lr_ratio=args.min_lr_ratio,
                         weight_decay=args.weight_decay, grad_clip=args.grad_clip, seed=args.seed,
-                        max_minutes=args.max_minutes, checkpoint_every=args.checkpoint_every)
+                        max_minutes=args.max_minutes, checkpoint_every=args.checkpoint_every,
+                        eval_every=args.eval_every if args.val_fraction else 0)
     data = DataSettings(max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
                         chat=not args.no_chat, batch_size=args.gen_batch)
     if args.prompts and not os.path.isfile(args.prompts):
@@ -99,7 +104,8 @@ def options_from_args(args: argparse.Namespace):
         num_layers=args.layers, layer_style=args.layer_map, divergence=args.divergence, alpha=args.alpha,
         temperature=args.temperature, beta=args.beta, on_policy=args.on_policy, feature_weight=args.feature_weight,
         medusa_heads=args.medusa_heads, medusa_layers=args.medusa_layers, ce_weight=args.ce_weight, noise=args.noise,
-        unroll=args.unroll, batch_size=args.batch_size, max_len=args.max_len, train=train, resume=args.resume,
+        unroll=args.unroll, batch_size=args.batch_size, max_len=args.max_len, val_fraction=args.val_fraction,
+        train=train, resume=args.resume,
         init_only=args.init_only)
 
 

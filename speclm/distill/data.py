@@ -58,6 +58,16 @@ class TargetData:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         return self.tokens[a:b], self.features[a:b].float(), int(self.prompt_lengths[i])
 
+    def subset(self, indices: list[int]) -> "TargetData":
+        """The sequences `indices`, in that order, as their own TargetData (token_counts kept whole:
+        the token map is chosen from all the data, as the runtime head's is)."""
+        rows = [torch.arange(int(self.offsets[i]), int(self.offsets[i + 1])) for i in indices]
+        lengths = torch.tensor([r.numel() for r in rows], dtype=self.offsets.dtype)
+        index = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
+        offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+        return TargetData(self.tokens[index], self.features[index], offsets, self.prompt_lengths[indices],
+                          self.token_counts)
+
     def save(self, path: str, metadata: dict) -> None:
         tensors = {k: v.contiguous() for k, v in asdict(self).items()}
         save_file(tensors, path, metadata={"speclm_distill": json.dumps(metadata)})
@@ -66,6 +76,18 @@ class TargetData:
     def load(cls, path: str) -> "TargetData":
         t = load_file(path)
         return cls(t["tokens"], t["features"], t["offsets"], t["prompt_lengths"], t["token_counts"])
+
+
+def split_sequences(num_sequences: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(train, validation) sequence indices, each ascending: a seeded permutation's first
+    round(fraction * S) sequences (at least one when fraction > 0) are held out."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"--val-fraction must be in [0, 1), got {fraction}")
+    held = max(1, round(fraction * num_sequences)) if fraction > 0 else 0
+    if held >= num_sequences:
+        raise ValueError(f"--val-fraction {fraction} leaves no training sequences out of {num_sequences}")
+    order = torch.randperm(num_sequences, generator=torch.Generator().manual_seed(seed)).tolist()
+    return sorted(order[held:]), sorted(order[:held])
 
 
 def cache_key(model_path: str, weights: str, prompts: list[str], settings: DataSettings) -> str:

@@ -42,12 +42,14 @@ class HeadSpace:
 def pick_sequences(data: TargetData, batch_size: int, max_len: int, generator: torch.Generator):
     """`batch_size` random sequences (tokens [n], features [n, h], prompt length), each cut to its
     last max_len tokens, keeping the response whole where it fits."""
-    batch = []
-    for i in torch.randint(len(data), (batch_size,), generator=generator).tolist():
-        tokens, features, prompt_len = data.sequence(i)
-        cut = max(0, tokens.numel() - max_len)
-        batch.append((tokens[cut:], features[cut:], max(1, prompt_len - cut)))
-    return batch
+    return [cut_sequence(data, i, max_len) for i in torch.randint(len(data), (batch_size,), generator=generator).tolist()]
+
+
+def cut_sequence(data: TargetData, i: int, max_len: int):
+    """Sequence i (tokens [n], features [n, h], prompt length) cut to its last max_len tokens."""
+    tokens, features, prompt_len = data.sequence(i)
+    cut = max(0, tokens.numel() - max_len)
+    return tokens[cut:], features[cut:], max(1, prompt_len - cut)
 
 
 class DraftObjective:
@@ -156,25 +158,30 @@ class EagleObjective:
     smooth-L1 to f_{t+1} + ce_weight * forward KL of lm_head(prediction) to lm_head(f_{t+1}) (the
     target's distribution for x_{t+2}). Noise is uniform in [-noise, noise] on the input features.
     unroll=2 adds a second pass fed with the first pass's predicted features (as drafting feeds its
-    predictions back), every row of it attending only to predicted features (a pessimistic context)."""
+    predictions back), every row of it attending only to predicted features (a pessimistic context).
+    `validation` (held-out sequences) is what validate() scores."""
 
     def __init__(self, head: EagleHead, embed: torch.Tensor, data: TargetData, space: HeadSpace,
                  ce_weight: float = 0.1, noise: float = 0.1, unroll: int = 1, batch_size: int = 4,
-                 max_len: int = 512) -> None:
+                 max_len: int = 512, validation: TargetData | None = None) -> None:
         if unroll not in (1, 2):
             raise ValueError(f"--unroll must be 1 or 2, got {unroll}")
         self.module = self.head = head
         self.embed = embed.detach().float()  # [vocab, hidden], the target's frozen token embeddings
         self.data, self.space, self.ce_weight, self.noise, self.unroll = data, space, ce_weight, noise, unroll
-        self.batch_size, self.max_len = batch_size, max_len
+        self.batch_size, self.max_len, self.validation = batch_size, max_len, validation
+
+    def _predict(self, inputs, tokens, offset):
+        """Rows read inputs[t] with embed(tokens[t+offset]) and predict features[t+offset] [rows, hidden]."""
+        rows = inputs.shape[0]
+        return self.head(inputs, self.embed[tokens[offset:offset + rows]], torch.arange(offset, offset + rows),
+                         self.head.new_cache(rows), AttentionMetadata(0, rows))
 
     def _pass(self, inputs, tokens, features, offset, mask, generator):
-        """Rows read inputs[t] with embed(tokens[t+offset]) and predict features[t+offset]."""
+        """A noisy _predict scored against features[t+offset]: (pred, regression, ce, agreement)."""
         rows = inputs.shape[0]
         noisy = inputs + (torch.rand(inputs.shape, generator=generator) * 2 - 1) * self.noise
-        positions = torch.arange(offset, offset + rows)
-        pred = self.head(noisy, self.embed[tokens[offset:offset + rows]], positions, self.head.new_cache(rows),
-                         AttentionMetadata(0, rows))  # [rows, hidden]
+        pred = self._predict(noisy, tokens, offset)  # [rows, hidden]
         target = features[offset:offset + rows]
         regression = masked_mean(F.smooth_l1_loss(pred, target, reduction="none").mean(-1), mask)
         if not mask.any():  # nothing to score (a response too short for this pass)
@@ -190,8 +197,7 @@ class EagleObjective:
         total, stats = 0.0, {"reg": 0.0, "agree": 0.0}
         for tokens, features, prompt_len in pick_sequences(self.data, self.batch_size, self.max_len, generator):
             n = tokens.numel()
-            # pass 1, row t: predicts f_{t+1}; train where x_{t+2} is a response token and exists
-            mask = (torch.arange(n - 1) + 2 >= prompt_len) & (torch.arange(n - 1) + 2 < n)
+            mask = self._first_pass_rows(n, prompt_len)
             pred, regression, ce, agree = self._pass(features[:-1], tokens, features, 1, mask, generator)
             loss = regression + self.ce_weight * ce
             if self.unroll == 2 and n > 3:
@@ -202,3 +208,26 @@ class EagleObjective:
             stats["reg"] += float(regression.detach()) / self.batch_size
             stats["agree"] += float(agree) / self.batch_size
         return total, stats
+
+    @staticmethod
+    def _first_pass_rows(n: int, prompt_len: int) -> torch.Tensor:
+        """Pass 1, row t predicts f_{t+1}: scored where x_{t+2} is a response token and exists [n - 1]."""
+        return (torch.arange(n - 1) + 2 >= prompt_len) & (torch.arange(n - 1) + 2 < n)
+
+    def validate(self) -> float | None:
+        """Held-out first-draft top-1 agreement: argmax of lm_head(pass-1 prediction from the true
+        f_t, no noise) vs argmax of lm_head(f_{t+1}), over the validation sequences' response rows
+        (each cut to its last max_len tokens, as in training). None without validation data."""
+        if self.validation is None:
+            return None
+        agree, rows = 0, 0
+        with torch.no_grad():
+            for i in range(len(self.validation)):
+                tokens, features, prompt_len = cut_sequence(self.validation, i, self.max_len)
+                mask = self._first_pass_rows(tokens.numel(), prompt_len)
+                if not mask.any():
+                    continue
+                pred = self._predict(features[:-1], tokens, 1)[mask]  # [r, hidden]
+                agree += int((self.space.logits(pred).argmax(-1) == self.space.logits(features[1:][mask]).argmax(-1)).sum())
+                rows += int(mask.sum())
+        return agree / max(1, rows)

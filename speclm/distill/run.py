@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from speclm.distill.losses import DIVERGENCES
-from speclm.distill.data import DataSettings, frequent_tokens, load_or_build
+from speclm.distill.data import DataSettings, frequent_tokens, load_or_build, split_sequences
 from speclm.distill.objectives import DraftObjective, EagleObjective, HeadSpace, MedusaObjective
 from speclm.distill.prompts import training_prompts
 from speclm.distill.student import init_draft_model, save_draft_model, trainable_draft_parameters
@@ -49,6 +49,7 @@ class DistillOptions:
     unroll: int = 1
     batch_size: int = 4
     max_len: int = 512
+    val_fraction: float = 0.0
     train: TrainConfig = field(default_factory=TrainConfig)
     resume: bool = False
     init_only: bool = False
@@ -74,6 +75,10 @@ class DistillOptions:
         if self.num_layers < 1 or self.medusa_heads < 1 or self.medusa_layers < 1:
             raise ValueError(f"--layers, --medusa-heads and --medusa-layers must be >= 1, got "
                              f"{self.num_layers}, {self.medusa_heads}, {self.medusa_layers}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"--val-fraction must be in [0, 1), got {self.val_fraction}")
+        if self.val_fraction and self.student != "eagle":
+            raise ValueError(f"--val-fraction scores EAGLE's first drafts; it needs --student eagle, got {self.student!r}")
         if self.prompts is None and not self.own_prompts:
             raise ValueError("no training prompts: give --prompts or keep the built-in ones")
 
@@ -87,6 +92,7 @@ class Prepared:
     data_path: str
     num_sequences: int
     num_tokens: int
+    num_validation: int
     token_map: torch.Tensor | None
     teacher_layers: list[int] | None
     data_seconds: float
@@ -102,6 +108,10 @@ def prepare(opts: DistillOptions, llm=None) -> Prepared:
     llm = llm or LLM(opts.model, tokenizer=opts.tokenizer, weights=opts.weights)
     prompts = training_prompts(opts.prompts, own=opts.own_prompts)
     data, data_path = load_or_build(llm, opts.weights, prompts, opts.data, opts.data_dir)
+    validation = None
+    if opts.val_fraction:
+        train_ids, val_ids = split_sequences(len(data), opts.val_fraction, opts.train.seed)
+        data, validation = data.subset(train_ids), data.subset(val_ids)
     data_seconds = time.perf_counter() - start
     checkpoint = load_checkpoint(llm.model_path)
     c = checkpoint.config
@@ -121,8 +131,11 @@ def prepare(opts: DistillOptions, llm=None) -> Prepared:
         objective = MedusaObjective(heads, data, space, opts.alpha, batch_size=opts.batch_size, max_len=opts.max_len)
     else:
         objective = EagleObjective(init_eagle_head(checkpoint, token_map), checkpoint.tensors["model.embed_tokens.weight"],
-                                   data, space, opts.ce_weight, opts.noise, opts.unroll, opts.batch_size, opts.max_len)
-    return Prepared(objective, llm, data_path, len(data), int(data.tokens.numel()), token_map, layers, data_seconds)
+                                   data, space, opts.ce_weight, opts.noise, opts.unroll, opts.batch_size, opts.max_len,
+                                   validation)
+    num_validation = len(validation) if validation is not None else 0
+    return Prepared(objective, llm, data_path, len(data), int(data.tokens.numel()), num_validation, token_map, layers,
+                    data_seconds)
 
 
 def save_student(opts: DistillOptions, prepared: Prepared, metadata: dict) -> None:
@@ -138,16 +151,22 @@ def save_student(opts: DistillOptions, prepared: Prepared, metadata: dict) -> No
 
 def run_distill(opts: DistillOptions, llm=None) -> dict:
     """Train (or, with init_only, just initialise) the student and save it in opts.out. Returns a
-    summary: data size, seconds per stage, first and final losses (means of 10 steps)."""
+    summary: data size, seconds per stage, first and final losses (means of 10 steps) and, with a
+    validation split, the held-out score at each evaluation and the best step (the one saved)."""
     start = time.perf_counter()
     prepared = prepare(opts, llm)
     summary = {"out": opts.out, "sequences": prepared.num_sequences, "tokens": prepared.num_tokens,
                "data_s": round(prepared.data_seconds, 1), "steps": 0}
+    if prepared.num_validation:
+        summary["val_sequences"] = prepared.num_validation
     if not opts.init_only:
         result = Trainer(prepared.objective, opts.train, os.path.join(opts.out, "train_state")).train(opts.resume)
         summary |= {"steps": result.steps_done, "train_s": round(result.seconds, 1),
                     "first_loss": _mean(result.losses[:10]), "final_loss": _mean(result.losses[-10:]),
                     "stopped_by_time": result.stopped_by_time}
+        if result.evals:  # the module now holds the best step's state: that is what gets saved
+            summary |= {"val_agree": [[step, round(score, 4)] for step, score in result.evals],
+                        "best_step": result.best_step, "best_val_agree": round(max(s for _, s in result.evals), 4)}
     save_student(opts, prepared, {k: v for k, v in summary.items() if k != "out"})
     summary["total_s"] = round(time.perf_counter() - start, 1)
     return summary

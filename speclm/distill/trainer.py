@@ -1,4 +1,5 @@
-"""A small training loop: AdamW, warmup + cosine LR, grad clipping, time budget, resumable checkpoints."""
+"""A small training loop: AdamW, warmup + cosine LR, grad clipping, time budget, resumable checkpoints,
+held-out validation keeping the best state."""
 from __future__ import annotations
 
 import math
@@ -18,7 +19,9 @@ CHECKPOINT_FILE = "checkpoint.pt"
 class TrainConfig:
     """Optimizer and loop settings. The LR warms up linearly for `warmup_steps`, then follows a
     cosine from `lr` down to `min_lr_ratio * lr` at `steps`. `max_minutes` stops early (the model is
-    saved either way); a checkpoint is written every `checkpoint_every` steps (0 = only at the end)."""
+    saved either way); a checkpoint is written every `checkpoint_every` steps (0 = only at the end).
+    `eval_every` > 0 scores the objective's validate() every that many steps and at the end, and the
+    module ends with the best-scoring state (early stopping by selection)."""
 
     steps: int = 200
     lr: float = 1e-4
@@ -29,15 +32,16 @@ class TrainConfig:
     seed: int = 0
     max_minutes: float | None = None
     checkpoint_every: int = 50
+    eval_every: int = 0
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ValueError(f"--steps must be positive, got {self.steps}")
         if not self.lr > 0:
             raise ValueError(f"--lr must be positive, got {self.lr}")
-        if self.warmup_steps < 0 or self.checkpoint_every < 0:
-            raise ValueError(f"--warmup-steps and --checkpoint-every must be >= 0, got {self.warmup_steps}, "
-                             f"{self.checkpoint_every}")
+        if min(self.warmup_steps, self.checkpoint_every, self.eval_every) < 0:
+            raise ValueError(f"--warmup-steps, --checkpoint-every and --eval-every must be >= 0, got "
+                             f"{self.warmup_steps}, {self.checkpoint_every}, {self.eval_every}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"--min-lr-ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.grad_clip < 0 or self.weight_decay < 0:
@@ -57,7 +61,8 @@ def lr_factor(step: int, config: TrainConfig) -> float:
 
 class Objective(Protocol):
     """What the loop trains: `module` holds the trainable parameters (those with requires_grad);
-    `loss(generator)` draws its own batch with the step's generator and returns (loss, stats)."""
+    `loss(generator)` draws its own batch with the step's generator and returns (loss, stats).
+    An objective may also have `validate() -> float | None`: a held-out score, higher is better."""
 
     module: nn.Module
 
@@ -70,6 +75,8 @@ class TrainResult:
     losses: list[float]
     seconds: float
     stopped_by_time: bool
+    evals: list[tuple[int, float]]  # (step, validation score) at each evaluation
+    best_step: int | None  # the step whose state the module ends with (None: no validation)
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -89,6 +96,8 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=config.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, config))
         self.step, self.losses = 0, []
+        self.evals: list[tuple[int, float]] = []
+        self.best: tuple[int, float, dict[str, torch.Tensor]] | None = None  # (step, score, trainable state)
 
     @property
     def checkpoint_path(self) -> str:
@@ -99,7 +108,7 @@ class Trainer:
         os.makedirs(self.checkpoint_dir, exist_ok=True)
         state = {"module": self._trainable_state(), "optimizer": self.optimizer.state_dict(),
                  "scheduler": self.scheduler.state_dict(), "step": self.step, "losses": self.losses,
-                 "rng": torch.get_rng_state(), "config": asdict(self.config)}
+                 "rng": torch.get_rng_state(), "config": asdict(self.config), "evals": self.evals, "best": self.best}
         torch.save(state, self.checkpoint_path + ".tmp")
         os.replace(self.checkpoint_path + ".tmp", self.checkpoint_path)
 
@@ -122,6 +131,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.losses = state["step"], state["losses"]
+        self.evals, self.best = state.get("evals", []), state.get("best")
         torch.set_rng_state(state["rng"])
 
     def train(self, resume: bool = False, stop_at: int | None = None) -> TrainResult:
@@ -152,9 +162,29 @@ class Trainer:
             self.losses.append(float(loss.detach()))
             bar.update(1)
             bar.set_postfix(loss=f"{self.losses[-1]:.4f}", **{k: f"{v:.3f}" for k, v in stats.items()})
+            if cfg.eval_every and self.step % cfg.eval_every == 0:
+                self._evaluate()
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                 self.save_checkpoint()
         bar.close()
+        if cfg.eval_every and (not self.evals or self.evals[-1][0] != self.step):
+            self._evaluate()
         self.objective.module.eval()
         self.save_checkpoint()
-        return TrainResult(self.step, self.losses, time.perf_counter() - start, stopped_by_time)
+        if self.best is not None:  # after the checkpoint, so a resumed run continues from the last step
+            self.objective.module.load_state_dict(self.best[2], strict=False)
+        return TrainResult(self.step, self.losses, time.perf_counter() - start, stopped_by_time, self.evals,
+                           self.best[0] if self.best else None)
+
+    def _evaluate(self) -> None:
+        """Score the objective's validate() now; remember the trainable state if it is the best so far."""
+        validate = getattr(self.objective, "validate", None)
+        self.objective.module.eval()
+        score = validate() if validate is not None else None
+        self.objective.module.train()
+        if score is None:
+            return
+        self.evals.append((self.step, score))
+        tqdm.write(f"step {self.step}: validation {score:.4f}")
+        if self.best is None or score > self.best[1]:
+            self.best = (self.step, score, {k: v.detach().clone() for k, v in self._trainable_state().items()})

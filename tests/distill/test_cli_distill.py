@@ -32,6 +32,9 @@ def test_distill_cli_trains_and_saves_medusa_heads(tmp_path, capsys):
     (["--student", "eagle", "--init-only"], "--init-only"),
     (["--student", "draft", "--steps", "0"], "--steps must be positive"),
     (["--student", "draft", "--prompts", "/nonexistent.jsonl"], "no such file"),
+    (["--student", "eagle", "--val-fraction", "1"], "--val-fraction must be in [0, 1)"),
+    (["--student", "medusa", "--val-fraction", "0.1"], "--val-fraction scores EAGLE"),
+    (["--student", "eagle", "--val-fraction", "0.1", "--eval-every", "-1"], "--eval-every must be >= 0"),
 ])
 def test_distill_bad_input_is_one_line(tmp_path, capsys, argv, message):
     assert main(["distill", "--out", str(tmp_path / "x")] + argv) == 2
