@@ -166,18 +166,18 @@ class PagedAttentionMetadata:
             # like a decode row: the single-request engine prefills all but that token and runs it as
             # the first pending token, so a prompt prefilled in one chunk gives both engines one output.
             m = n - e.num_logits
+            keys, values = k_cache[:, slots], v_cache[:, slots]  # [kv_heads, len(slots), head_dim], gathered once
             if e.num_logits:
                 row = offset + m
                 out[:, row : row + 1] = F.scaled_dot_product_attention(
-                    q[None, :, row : row + 1], k_cache[:, slots].unsqueeze(0), v_cache[:, slots].unsqueeze(0),
-                    enable_gqa=gqa)[0]
+                    q[None, :, row : row + 1], keys[None], values[None], enable_gqa=gqa)[0]
             if m:
-                kept = slots[: len(slots) - e.num_logits]
-                attn_mask, is_causal = AttentionMetadata(len(kept) - m, m).sdpa_mask()  # causal over kept keys
+                kept = len(slots) - e.num_logits
+                attn_mask, is_causal = AttentionMetadata(kept - m, m).sdpa_mask()  # causal over kept keys
                 out[:, offset : offset + m] = F.scaled_dot_product_attention(
                     q[:, offset : offset + m].unsqueeze(0),
-                    k_cache[:, kept].unsqueeze(0),
-                    v_cache[:, kept].unsqueeze(0),
+                    keys[None, :, :kept],
+                    values[None, :, :kept],
                     attn_mask=attn_mask,
                     is_causal=is_causal,
                     enable_gqa=gqa,

@@ -72,16 +72,13 @@ class QuantizedLinear(nn.Module):
         """The matmul x [n, in] bf16 -> [n, out] bf16, as a closure over this layer's tensors."""
         raise NotImplementedError
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return self.matmul_kernel()(x)
-
     def dequantized_weight(self) -> torch.Tensor:
         """The fp32 [out, in] weight this layer computes with: the reference for its correctness."""
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x in its dtype -> y in the same dtype. The model feeds bf16 activations, so no cast runs."""
-        return _quantized_forward(self.matmul, self.bias, x)
+        return _quantized_forward(self.matmul_kernel(), self.bias, x)
 
     def kernel(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """forward as a closure over this layer's tensors (no nn.Module dispatch; LayerKernels)."""
