@@ -8,7 +8,7 @@ import torch
 from speclm.kv.cache import KVCache
 from speclm.kv.paged_cache import BatchEntry, PagedAttentionMetadata, PagedKVCache
 from speclm.kv.quantized import int8_bytes_per_token
-from speclm.models.layers import AttentionMetadata, tree_paths
+from speclm.models.layers import AttentionMetadata
 from speclm.models.llama import LlamaModel
 from speclm.spec.tree import TokenTree
 
@@ -35,7 +35,7 @@ class ModelRunner:
             positions, meta = torch.arange(start, start + n), AttentionMetadata(start, n)
         else:  # row r of a token tree sits at start + its depth and sees only its path
             positions = start + torch.tensor(tree.depths())
-            meta = AttentionMetadata(start, n, paths=tree_paths(tree.row_paths()))
+            meta = AttentionMetadata(start, n, paths=tree.row_paths())
         return self.model(torch.tensor(tokens, dtype=torch.long), positions, cache, meta)  # [n, hidden]
 
     def prefill(self, cache: KVCache, tokens: list[int]) -> float:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from speclm.kv.quantized import Int8Slots
-from speclm.models.layers import AttentionMetadata, attend_like_decoding, attend_tree_like_decoding, tree_paths
+from speclm.models.layers import AttentionMetadata, DecodeRows, attend_like_decoding
 
 
 class PagedKVCache:
@@ -104,82 +104,80 @@ class BatchEntry:
 class PagedAttentionMetadata:
     """Where a batched step's flattened tokens go in the paged cache and what each may attend to.
 
-    Every sequence attends on its own. A decode row makes the very call the single-request engine
-    makes for that token (one query, unmasked, over the sequence's keys): a padded batch with a mask
-    accumulates in another order, and with bf16 activations (int8/int4 weights) that flipped greedy
-    near-ties, so speculative output in a batch drifted from plain batched decoding (SmolLM2 int4:
-    2 of 10 Spec-Bench prompts). Sequences with several new tokens: prefill chunks with a causal
-    mask (a prompt's last token like a decode row), verification rows each like decoding, token
-    trees each row over the prefix and its path.
+    Every sequence attends on its own. Rows whose logits are checked against decoding (decode rows,
+    verification rows, token-tree rows, a prompt's last token) attend like decoding
+    (attend_like_decoding), reading their sequence's slots in order: the arithmetic of the
+    single-request engine for that token, whatever else shares the step. A padded batch with a
+    mask accumulates in another order, and with bf16 activations (int8/int4 weights) that flipped
+    greedy near-ties, so speculative output in a batch drifted from plain batched decoding (SmolLM2
+    int4: 2 of 10 Spec-Bench prompts). The other rows of a prompt chunk run one causal SDPA call.
     """
 
     def __init__(self, entries: list[BatchEntry], device: torch.device | str = "cpu") -> None:
         self.slot_mapping = torch.tensor(
             [s for e in entries for s in e.slots[len(e.slots) - len(e.tokens) :]], dtype=torch.long, device=device
         )  # [num_tokens]
-        offsets = 0
-        self.single: list[tuple[int, torch.Tensor]] = []  # (query row, key slots) of decode rows
-        self.multi = []  # (query offset, entry, key slots, tree paths) of multi-token entries
+        # Per sequence: (its rows attending like decoding, its slots, their DecodeRows over those slots).
+        self.sequences: list[tuple[torch.Tensor, torch.Tensor, DecodeRows]] = []
+        self.prompt_chunks: list[tuple[int, int, torch.Tensor]] = []  # (first row, rows, key slots) for SDPA
+        offset = 0
         for e in entries:
-            slots = torch.tensor(e.slots, dtype=torch.long, device=device)
-            if len(e.tokens) == 1:
-                self.single.append((offsets, slots))
-            else:
-                paths = None if e.row_paths is None else tree_paths(e.row_paths, device)
-                self.multi.append((offsets, e, slots, paths))
-            offsets += len(e.tokens)
+            n, slots = len(e.tokens), torch.tensor(e.slots, dtype=torch.long, device=device)
+            rows, local = torch.arange(offset, offset + n, device=device), None
+            if e.row_paths is not None:  # token tree: each row over the prefix and its path
+                local = DecodeRows.tree(len(e.slots) - n, e.row_paths, device)
+            elif n == 1 or e.num_logits > 1:  # decoding, verification
+                local = DecodeRows.causal(len(e.slots), n, device)
+            else:  # a prompt chunk; its last token (when it completes the prompt) attends like decoding,
+                # as the single-request engine runs it: as the first pending token after the prefill
+                m = n - e.num_logits
+                if m:
+                    self.prompt_chunks.append((offset, m, slots[: len(slots) - e.num_logits]))
+                if e.num_logits:
+                    rows, local = rows[m:], DecodeRows(torch.tensor([len(e.slots)], device=device))
+            if local is not None:
+                self.sequences.append((rows, slots, local))
+            offset += n
+        self.num_tokens = offset
+        self.pooled = self._pool_rows(device) if self.sequences else None
+
+    def _pool_rows(self, device: torch.device | str) -> tuple[torch.Tensor, DecodeRows]:
+        """All sequences' like-decoding rows as one DecodeRows over pool slots, with their row indices."""
+        lengths = torch.cat([local.lengths for _, _, local in self.sequences])
+        table = torch.zeros(len(lengths), int(lengths.max()), dtype=torch.long, device=device)
+        r = 0
+        for _, slots, local in self.sequences:
+            for i, length in enumerate(local.lengths.tolist()):
+                table[r, :length] = slots[:length] if local.slots is None else slots[local.slots[i, :length]]
+                r += 1
+        return torch.cat([rows for rows, _, _ in self.sequences]), DecodeRows(lengths, table)
 
     def attend(
         self,
         q: torch.Tensor,  # [heads, num_tokens, head_dim]
         k: torch.Tensor,  # [kv_heads, num_tokens, head_dim]
         v: torch.Tensor,
-        k_cache: torch.Tensor,  # [kv_heads, num_slots, head_dim]
+        k_cache: torch.Tensor,  # [kv_heads, num_slots, head_dim], or Int8Slots
         v_cache: torch.Tensor,
     ) -> torch.Tensor:
         """Write the new keys/values into their slots, then attend; returns [heads, num_tokens, head_dim]."""
         k_cache[:, self.slot_mapping] = k
         v_cache[:, self.slot_mapping] = v
+        if isinstance(k_cache, torch.Tensor) and self.pooled is not None:  # one call reads the pool
+            rows, pooled = self.pooled
+            if len(rows) == self.num_tokens:  # a decode/verification-only step: rows are in order
+                return attend_like_decoding(q, k_cache, v_cache, pooled)
+            out = torch.empty_like(q)
+            out[:, rows] = attend_like_decoding(q[:, rows], k_cache, v_cache, pooled)
+        else:  # int8 slots: each sequence's keys are gathered (and dequantized) once
+            out = torch.empty_like(q)
+            for rows, slots, local in self.sequences:
+                out[:, rows] = attend_like_decoding(q[:, rows], k_cache[:, slots], v_cache[:, slots], local)
         gqa = q.shape[0] != k.shape[0]
-        out = torch.empty_like(q)
-        for row, slots in self.single:  # decode rows: the single-request engine's call
-            out[:, row : row + 1] = F.scaled_dot_product_attention(
-                q[None, :, row : row + 1], k_cache[:, slots].unsqueeze(0), v_cache[:, slots].unsqueeze(0),
-                enable_gqa=gqa)[0]
-        for offset, e, slots, paths in self.multi:
-            n = len(e.tokens)
-            if paths is not None:  # tree rows, each like decoding once its path is committed
-                # Gathered copies (dequantized for int8), so the path shuffling never touches the pool;
-                # the new rows are read back from them like decoding reads its keys.
-                keys, values = k_cache[:, slots], v_cache[:, slots]  # [kv_heads, len(slots), head_dim]
-                start = keys.shape[1] - n
-                out[:, offset : offset + n] = attend_tree_like_decoding(
-                    q[:, offset : offset + n], keys[:, start:].clone(), values[:, start:].clone(), keys, values,
-                    start, paths, gqa)
-                continue
-            if e.num_logits > 1:  # verification rows: computed exactly as decoding would
-                out[:, offset : offset + n] = attend_like_decoding(
-                    q[:, offset : offset + n], k_cache[:, slots], v_cache[:, slots], gqa
-                )
-                continue
-            # A prompt chunk. The prompt's last token, whose logits pick the first output token, attends
-            # like a decode row: the single-request engine prefills all but that token and runs it as
-            # the first pending token, so a prompt prefilled in one chunk gives both engines one output.
-            m = n - e.num_logits
-            keys, values = k_cache[:, slots], v_cache[:, slots]  # [kv_heads, len(slots), head_dim], gathered once
-            if e.num_logits:
-                row = offset + m
-                out[:, row : row + 1] = F.scaled_dot_product_attention(
-                    q[None, :, row : row + 1], keys[None], values[None], enable_gqa=gqa)[0]
-            if m:
-                kept = len(slots) - e.num_logits
-                attn_mask, is_causal = AttentionMetadata(kept - m, m).sdpa_mask()  # causal over kept keys
-                out[:, offset : offset + m] = F.scaled_dot_product_attention(
-                    q[:, offset : offset + m].unsqueeze(0),
-                    keys[None, :, :kept],
-                    values[None, :, :kept],
-                    attn_mask=attn_mask,
-                    is_causal=is_causal,
-                    enable_gqa=gqa,
-                )[0]
+        for offset, m, slots in self.prompt_chunks:
+            attn_mask, is_causal = AttentionMetadata(len(slots) - m, m).sdpa_mask()  # causal over its keys
+            out[:, offset : offset + m] = F.scaled_dot_product_attention(
+                q[:, offset : offset + m].unsqueeze(0), k_cache[:, slots].unsqueeze(0), v_cache[:, slots].unsqueeze(0),
+                attn_mask=attn_mask, is_causal=is_causal, enable_gqa=gqa,
+            )[0]
         return out

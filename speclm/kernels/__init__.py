@@ -1,0 +1,62 @@
+"""speclm's compiled CPU kernels (cpu_kernels.cpp): built with the system C++ compiler on first use, cached per machine."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+DISABLE_ENV = "SPECLM_CPU_KERNELS"  # "0": use torch's ops instead (slower; same tokens up to float near-ties)
+CACHE_ENV = "SPECLM_KERNEL_CACHE"  # where builds go (default ~/.cache/speclm/kernels)
+
+
+def _cpu_signature() -> str:
+    """The CPU's model and flags: a build with -march=native must not be reused on another CPU."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return "unknown-cpu"
+    return "\n".join(sorted({ln for ln in lines if ln.startswith(("model name", "flags"))}))
+
+
+def build_name() -> str:
+    """Extension name: one per source text, CPU and torch version."""
+    digest = hashlib.sha256(
+        SOURCE.read_bytes() + _cpu_signature().encode() + torch.__version__.encode()
+    ).hexdigest()[:16]
+    return f"speclm_cpu_kernels_{digest}"
+
+
+@functools.cache
+def cpu_kernels() -> ModuleType | None:
+    """The compiled kernels module, or None when disabled (SPECLM_CPU_KERNELS=0) or when the build
+    fails (no compiler): the caller then runs torch's ops, and a one-line warning says so."""
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        return None
+    from torch.utils import cpp_extension  # imports setuptools: only when the kernels are wanted
+
+    name = build_name()
+    build_dir = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "speclm" / "kernels") / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    if not (build_dir / f"{name}.so").exists():
+        print("speclm: compiling the CPU kernels (once per machine, about a minute)...", file=sys.stderr, flush=True)
+    try:
+        return cpp_extension.load(
+            name=name,
+            sources=[str(SOURCE)],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build_dir),
+            verbose=False,
+        )
+    except (RuntimeError, OSError, ImportError, subprocess.CalledProcessError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"speclm: warning: CPU kernels unavailable ({first}); using torch's ops (slower decoding and "
+              f"verification; set {DISABLE_ENV}=0 to skip the build)", file=sys.stderr)
+        return None

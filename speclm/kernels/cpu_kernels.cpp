@@ -1,0 +1,215 @@
+// speclm's CPU kernels: attention rows computed one query at a time in a fixed order, and RMSNorm.
+//
+// Why our own: exact speculative decoding needs a verification row's logits to equal, bit for bit,
+// the logits plain decoding computes for that token. torch's SDPA accumulates a many-row call in
+// another order than a one-row call, so speclm made one SDPA call per verified row (about 55 us per
+// call per layer here). attend_rows computes every (row, head) pair alone with the same loop,
+// whatever the number of rows, so one call serves decoding, verification and token trees alike.
+// rms_norm replaces torch's decomposed rms_norm (six ops, ~40 us per call at decode sizes).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+typedef float float16v __attribute__((vector_size(64)));  // 16 floats: one AVX-512 register, or two AVX2
+typedef int32_t int16v __attribute__((vector_size(64)));
+
+// exp(x) for x <= 0 (softmax arguments), 16 at a time: 2^(x log2 e) split into 2^n * 2^f with a
+// degree-6 polynomial for 2^f on [-0.5, 0.5] (Cephes exp2f's coefficients); relative error ~2e-7.
+// Written with vector types so that every element, wherever it sits, runs the same instructions.
+inline float16v exp_nonpositive(float16v x) {
+  const float16v lowest = x - x - 87.0f;
+  x = x < lowest ? lowest : x;
+  const float16v t = x * 1.4426950408889634f;
+  const float16v n = (t + 12582912.0f) - 12582912.0f;  // round to nearest (|t| < 2^22)
+  const float16v f = t - n;  // [-0.5, 0.5]
+  float16v p = f * 1.535336188e-4f + 1.339887440e-3f;
+  p = p * f + 9.618437358e-3f;
+  p = p * f + 5.550332471e-2f;
+  p = p * f + 2.402264791e-1f;
+  p = p * f + 6.931472029e-1f;
+  p = p * f + 1.0f;
+  const int16v bits = (__builtin_convertvector(n, int16v) + 127) << 23;
+  return p * reinterpret_cast<const float16v&>(bits);
+}
+
+inline float16v load16(const float* p) {
+  float16v v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline float sum16(float16v v) {  // a fixed pairwise order, in registers
+  v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3);
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1);
+  v += __builtin_shufflevector(v, v, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0);
+  return v[0];
+}
+
+// One query row of one head over its keys: softmax(q.k * scale) @ v, accumulated in key order.
+// D > 0: head_dim known at compile time (a multiple of 16); D == 0: any head_dim.
+template <int D>
+void attend_one(const float* q, const float* keys, const float* values, int64_t key_stride,
+                const int64_t* slots, int64_t length, int64_t head_dim, float scale, float* scores,
+                float* out) {
+  float max_score = -INFINITY;
+  if constexpr (D > 0) {
+    constexpr int V = D / 16;
+    float16v qv[V];
+    for (int c = 0; c < V; ++c) qv[c] = load16(q + 16 * c);
+    for (int64_t j = 0; j < length; ++j) {
+      const float* k = keys + (slots ? slots[j] : j) * key_stride;
+      float16v acc = qv[0] * load16(k);
+      for (int c = 1; c < V; ++c) acc += qv[c] * load16(k + 16 * c);
+      scores[j] = sum16(acc) * scale;
+      max_score = scores[j] > max_score ? scores[j] : max_score;
+    }
+  } else {
+    for (int64_t j = 0; j < length; ++j) {
+      const float* k = keys + (slots ? slots[j] : j) * key_stride;
+      float dot = 0.0f;
+      for (int64_t d = 0; d < head_dim; ++d) dot += q[d] * k[d];
+      scores[j] = dot * scale;
+      max_score = scores[j] > max_score ? scores[j] : max_score;
+    }
+  }
+  for (int64_t j = 0; j < length; j += 16) {  // scores has room for whole blocks of 16
+    const float16v e = exp_nonpositive(load16(scores + j) - max_score);
+    std::memcpy(scores + j, &e, sizeof(e));
+  }
+  float total = 0.0f;
+  for (int64_t j = 0; j < length; ++j) total += scores[j];  // in key order
+  const float inv = 1.0f / total;
+  if constexpr (D > 0) {
+    constexpr int V = D / 16;
+    float16v acc[V] = {};
+    for (int64_t j = 0; j < length; ++j) {
+      const float* v = values + (slots ? slots[j] : j) * key_stride;
+      const float p = scores[j];
+      for (int c = 0; c < V; ++c) acc[c] += p * load16(v + 16 * c);
+    }
+    for (int c = 0; c < V; ++c) {
+      const float16v r = acc[c] * inv;
+      std::memcpy(out + 16 * c, &r, sizeof(r));
+    }
+  } else {
+    for (int64_t d = 0; d < head_dim; ++d) out[d] = 0.0f;
+    for (int64_t j = 0; j < length; ++j) {
+      const float* v = values + (slots ? slots[j] : j) * key_stride;
+      const float p = scores[j];
+      for (int64_t d = 0; d < head_dim; ++d) out[d] += p * v[d];
+    }
+    for (int64_t d = 0; d < head_dim; ++d) out[d] *= inv;
+  }
+}
+
+using AttendOne = void (*)(const float*, const float*, const float*, int64_t, const int64_t*, int64_t, int64_t,
+                           float, float*, float*);
+
+AttendOne attend_one_for(int64_t head_dim) {
+  switch (head_dim) {
+    case 64: return attend_one<64>;
+    case 128: return attend_one<128>;
+    case 32: return attend_one<32>;
+    default: return attend_one<0>;
+  }
+}
+
+}  // namespace
+
+// q [heads, n, head_dim], keys/values [kv_heads, num_slots, head_dim] (fp32, last dim contiguous).
+// Row i attends to lengths[i] keys: slots[i, :lengths[i]] when slots is [n, >= max length], else
+// keys 0..lengths[i]-1. Query head h reads kv head h / (heads / kv_heads). Returns [heads, n, head_dim].
+at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                       const at::Tensor& lengths, const at::Tensor& slots, double scale) {
+  TORCH_CHECK(q.dim() == 3 && keys.dim() == 3 && values.dim() == 3, "attend_rows: 3-d q, keys, values");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat &&
+                  values.scalar_type() == at::kFloat, "attend_rows: fp32 tensors");
+  TORCH_CHECK(q.stride(2) == 1 && keys.stride(2) == 1 && values.stride(2) == 1, "attend_rows: last dim contiguous");
+  TORCH_CHECK(keys.stride(1) == values.stride(1) && keys.stride(0) == values.stride(0), "attend_rows: keys/values strides");
+  const int64_t heads = q.size(0), n = q.size(1), head_dim = q.size(2), kv_heads = keys.size(0);
+  TORCH_CHECK(heads % kv_heads == 0 && keys.size(2) == head_dim, "attend_rows: head shapes");
+  auto lengths_c = lengths.to(at::kLong).contiguous();
+  TORCH_CHECK(lengths_c.numel() == n, "attend_rows: one length per row");
+  const int64_t* length_of = lengths_c.data_ptr<int64_t>();
+  int64_t max_length = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(length_of[i] > 0, "attend_rows: a row needs a key");
+    max_length = std::max(max_length, length_of[i]);
+  }
+  const bool indexed = slots.numel() > 0;
+  at::Tensor slots_c;
+  if (indexed) {
+    slots_c = slots.to(at::kLong).contiguous();
+    TORCH_CHECK(slots_c.dim() == 2 && slots_c.size(0) == n && slots_c.size(1) >= max_length, "attend_rows: slots [n, >= max length]");
+  } else {
+    TORCH_CHECK(max_length <= keys.size(1), "attend_rows: a length exceeds the keys");
+  }
+  auto out = at::empty({heads, n, head_dim}, q.options().memory_format(at::MemoryFormat::Contiguous));
+  const float* qp = q.data_ptr<float>();
+  const float* kp = keys.data_ptr<float>();
+  const float* vp = values.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t* sp = indexed ? slots_c.data_ptr<int64_t>() : nullptr;
+  const int64_t slot_row = indexed ? slots_c.size(1) : 0;
+  const int64_t group = heads / kv_heads;
+  const int64_t qs0 = q.stride(0), qs1 = q.stride(1), ks0 = keys.stride(0), ks1 = keys.stride(1);
+  // One task = one (head, row) pair, computed start to end by one thread: the result cannot depend
+  // on how many rows share the call or how the tasks are spread over threads.
+  const AttendOne attend = attend_one_for(head_dim);
+  at::parallel_for(0, heads * n, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores((max_length + 15) / 16 * 16, 0.0f);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t h = task / n, i = task % n;
+      const int64_t kvh = h / group;
+      attend(qp + h * qs0 + i * qs1, kp + kvh * ks0, vp + kvh * ks0, ks1, sp ? sp + i * slot_row : nullptr,
+                 length_of[i], head_dim, static_cast<float>(scale), scores.data(), op + (h * n + i) * head_dim);
+    }
+  });
+  return out;
+}
+
+// x [n, hidden] fp32 -> weight * x / sqrt(mean(x^2) + eps), in weight's dtype (fp32 or bf16; with
+// bf16 the normalized row is rounded to bf16 before the multiply, as torch's bf16 arithmetic does).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.stride(1) == 1, "rms_norm: fp32 [n, hidden], rows contiguous");
+  const int64_t n = x.size(0), hidden = x.size(1);
+  TORCH_CHECK(weight.numel() == hidden, "rms_norm: weight size");
+  auto w = weight.contiguous();
+  const bool bf16 = w.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(bf16 || w.scalar_type() == at::kFloat, "rms_norm: fp32 or bf16 weight");
+  auto out = at::empty({n, hidden}, x.options().dtype(w.scalar_type()));
+  const float* xp = x.data_ptr<float>();
+  const int64_t xs = x.stride(0);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = xp + i * xs;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t d = 0; d < hidden; ++d) sum += row[d] * row[d];
+    const float r = 1.0f / std::sqrt(sum / static_cast<float>(hidden) + static_cast<float>(eps));
+    if (bf16) {
+      const c10::BFloat16* wp = w.data_ptr<c10::BFloat16>();
+      c10::BFloat16* o = out.data_ptr<c10::BFloat16>() + i * hidden;
+      for (int64_t d = 0; d < hidden; ++d)
+        o[d] = c10::BFloat16(static_cast<float>(wp[d]) * static_cast<float>(c10::BFloat16(row[d] * r)));
+    } else {
+      const float* wp = w.data_ptr<float>();
+      float* o = out.data_ptr<float>() + i * hidden;
+#pragma omp simd
+      for (int64_t d = 0; d < hidden; ++d) o[d] = wp[d] * (row[d] * r);
+    }
+  }
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("attend_rows", &attend_rows, "one-query-at-a-time attention rows (see cpu_kernels.cpp)");
+  m.def("rms_norm", &rms_norm, "RMSNorm of fp32 rows, result in the weight's dtype");
+}

@@ -1,0 +1,127 @@
+"""speclm's compiled CPU kernels: attention rows equal torch's SDPA to float rounding and do not depend on
+the other rows of a call (what exact speculation needs), RMSNorm equals torch's, and without the
+kernels (no compiler, or SPECLM_CPU_KERNELS=0) the engine falls back to torch's ops, still exact."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import speclm.kernels as kernels_module
+import speclm.models.layers as layers
+from speclm import LLM, SamplingParams
+from speclm.kernels import cpu_kernels
+from speclm.models.layers import DecodeRows, attend_like_decoding, rms_norm
+from tests.conftest import STORIES_MODEL, STORIES_TOKENIZER
+
+kernels = cpu_kernels()
+needs_kernels = pytest.mark.skipif(kernels is None, reason="no C++ compiler: the kernels did not build")
+EMPTY = torch.empty(0, dtype=torch.long)
+
+
+def sdpa_row(q, keys, values, index):  # [heads, 1, d]: one query over keys[:, index], torch's reference
+    return F.scaled_dot_product_attention(q[None], keys[None, :, index], values[None, :, index], enable_gqa=True)[0]
+
+
+@needs_kernels
+@pytest.mark.parametrize("head_dim", [64, 48])  # 64: the vectorized path; 48: the generic loop
+def test_attend_rows_matches_sdpa_for_causal_and_slot_rows(head_dim):
+    g = torch.Generator().manual_seed(0)
+    heads, kv_heads, slots = 6, 2, 300
+    keys, values = torch.randn(kv_heads, slots, head_dim, generator=g), torch.randn(kv_heads, slots, head_dim, generator=g)
+    q = torch.randn(heads, 5, head_dim, generator=g)
+    causal = DecodeRows.causal(200, 5)  # rows over keys 0..195 .. 0..199
+    out = kernels.attend_rows(q, keys, values, causal.lengths, EMPTY, head_dim ** -0.5)
+    for i, length in enumerate(causal.lengths.tolist()):
+        torch.testing.assert_close(out[:, i : i + 1], sdpa_row(q[:, i : i + 1], keys, values, slice(0, length)),
+                                   rtol=0, atol=2e-6)
+    table = torch.randperm(slots, generator=g)[:250].repeat(5, 1)  # each row: its own scattered slots
+    lengths = torch.tensor([250, 1, 17, 130, 64])
+    out = kernels.attend_rows(q, keys, values, lengths, table, head_dim ** -0.5)
+    for i, length in enumerate(lengths.tolist()):
+        torch.testing.assert_close(out[:, i : i + 1], sdpa_row(q[:, i : i + 1], keys, values, table[i, :length]),
+                                   rtol=0, atol=2e-6)
+
+
+@needs_kernels
+def test_attend_rows_is_row_invariant_bit_for_bit():
+    """A row's result must not depend on the rows beside it, their lengths, its slot layout (a paged
+    pool or a contiguous cache) or the thread count: that is what makes verification rows and batched
+    decode rows equal plain decoding."""
+    g = torch.Generator().manual_seed(1)
+    heads, kv_heads, d = 9, 3, 64
+    pool_k, pool_v = torch.randn(kv_heads, 900, d, generator=g), torch.randn(kv_heads, 900, d, generator=g)
+    lengths = torch.tensor([37, 300, 1, 129, 250, 64, 17])
+    table = torch.stack([torch.randperm(900, generator=g)[:300] for _ in lengths])
+    q = torch.randn(heads, len(lengths), d, generator=g)
+    before = torch.get_num_threads()
+    try:
+        together = kernels.attend_rows(q, pool_k, pool_v, lengths, table, 0.125)
+        torch.set_num_threads(1)
+        assert torch.equal(kernels.attend_rows(q, pool_k, pool_v, lengths, table, 0.125), together)
+    finally:
+        torch.set_num_threads(before)
+    for i, length in enumerate(lengths.tolist()):
+        alone = kernels.attend_rows(q[:, i : i + 1].clone(), pool_k, pool_v, lengths[i : i + 1], table[i : i + 1], 0.125)
+        index = table[i, :length]
+        contiguous = kernels.attend_rows(q[:, i : i + 1].clone(), pool_k[:, index].contiguous(),
+                                         pool_v[:, index].contiguous(), lengths[i : i + 1], EMPTY, 0.125)
+        assert torch.equal(alone, together[:, i : i + 1]) and torch.equal(contiguous, alone), i
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_kernel_matches_torch(dtype):
+    g = torch.Generator().manual_seed(2)
+    x, weight = torch.randn(5, 576, generator=g) * 3, torch.randn(576, generator=g).to(dtype)
+    out = kernels.rms_norm(x, weight, 1e-5)
+    reference = weight * torch.rms_norm(x, (576,), eps=1e-5).to(dtype)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), reference.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-6,
+                               atol=1e-5)
+    with torch.enable_grad():  # gradients wanted: torch's ops run, so training still differentiates
+        w = weight.float().requires_grad_()
+        rms_norm(x, w, 1e-5).sum().backward()
+    assert w.grad is not None
+
+
+def test_attention_without_kernels_matches_the_kernel_path(monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    keys, values, q = torch.randn(2, 50, 64, generator=g), torch.randn(2, 50, 64, generator=g), torch.randn(4, 3, 64, generator=g)
+    rows = DecodeRows.tree(40, [[0], [0, 1], [0, 2]])
+    with_kernels = attend_like_decoding(q, keys, values, rows)
+    monkeypatch.setattr(layers, "cpu_kernels", lambda: None)
+    without = attend_like_decoding(q, keys, values, rows)
+    torch.testing.assert_close(without, with_kernels, rtol=0, atol=2e-6)
+    for i, path in enumerate([[0], [0, 1], [0, 2]]):  # row i: slots 0..39, then its path's slots 40 + path
+        index = torch.cat([torch.arange(40), 40 + torch.tensor(path)])
+        assert torch.equal(without[:, i : i + 1], sdpa_row(q[:, i : i + 1], keys, values, index))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_speculation_stays_exact_on_torch_ops_without_the_kernels(monkeypatch):
+    """The fallback path (per-row SDPA calls) keeps speculative greedy == plain greedy in bf16."""
+    monkeypatch.setattr(layers, "cpu_kernels", lambda: None)
+    plain_llm = LLM(STORIES_MODEL, tokenizer=STORIES_TOKENIZER, weights="bf16")
+    spec_llm = LLM(STORIES_MODEL, tokenizer=STORIES_TOKENIZER, weights="bf16", spec="layerskip:3", adaptive=False)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    for prompt in ["Once upon a time", "Tom and Lily went to the park. Tom"]:
+        out = spec_llm.generate(prompt, params)[0]
+        assert out.token_ids == plain_llm.generate(prompt, params)[0].token_ids
+        assert out.stats.target_forwards < len(out.token_ids)  # drafts were accepted
+
+
+def test_loader_is_off_with_the_environment_switch_and_warns_when_the_build_fails(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv(kernels_module.DISABLE_ENV, "0")
+    kernels_module.cpu_kernels.cache_clear()
+    try:
+        assert kernels_module.cpu_kernels() is None
+        monkeypatch.delenv(kernels_module.DISABLE_ENV)
+        broken = tmp_path / "cpu_kernels.cpp"
+        broken.write_text("#error this source does not compile\n")
+        monkeypatch.setattr(kernels_module, "SOURCE", broken)
+        monkeypatch.setenv(kernels_module.CACHE_ENV, str(tmp_path / "builds"))
+        kernels_module.cpu_kernels.cache_clear()
+        assert kernels_module.cpu_kernels() is None
+        err = capsys.readouterr().err
+        assert "speclm: warning: CPU kernels unavailable" in err and "torch's ops" in err
+    finally:
+        kernels_module.cpu_kernels.cache_clear()  # the next caller gets the real build again
