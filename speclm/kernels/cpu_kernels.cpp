@@ -209,7 +209,130 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return out;
 }
 
+
+// -- int4 weight-only matmul ---------------------------------------------------------------------
+// y [M, N] bf16 = x [M, K] bf16 @ W.T, W[n, k] = (q[n, k] - 8) * scale[g, n] + zero[g, n] for the group
+// g = k / group_size (torch's int4 grid; scales_and_zeros [K/group, N, 2] bf16 is torch's layout too).
+// q is packed for AVX-512 BF16 dot products (pack_int4 in quant_linear.py): per block of 16 outputs
+// and 8 inputs, 64 bytes; byte 2l+e holds q[l, k+e] (low nibble) and q[l, k+2+e] (high), byte
+// 32+2l+e holds q[l, k+4+e] and q[l, k+6+e]. Nibbles become the bf16 values q-8 through a table,
+// and vdpbf16ps multiplies them by the bf16 activations (exact products, fp32 sums), so activations
+// are not requantized. Each output block of each row is computed in a fixed order by one thread:
+// a row's result does not depend on the other rows of the call (exact speculative verification).
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#include <immintrin.h>
+constexpr bool kInt4Available = true;
+
+namespace {
+constexpr int kRowTile = 8;
+
+template <int T>
+void int4_block(const uint32_t* const* x_pairs, const float* const* x_sums, const uint8_t* packed,
+                const uint32_t* scale_zero, int64_t n_out, int64_t k_in, int64_t group_size,
+                c10::BFloat16* const* y, int64_t block) {
+  alignas(64) static const int16_t table_words[32] = {
+      // bf16 bit patterns of -8..7, twice (vpermw reads the low 5 bits of each index)
+      (int16_t)0xC100, (int16_t)0xC0E0, (int16_t)0xC0C0, (int16_t)0xC0A0, (int16_t)0xC080, (int16_t)0xC040,
+      (int16_t)0xC000, (int16_t)0xBF80, 0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,
+      (int16_t)0xC100, (int16_t)0xC0E0, (int16_t)0xC0C0, (int16_t)0xC0A0, (int16_t)0xC080, (int16_t)0xC040,
+      (int16_t)0xC000, (int16_t)0xBF80, 0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0};
+  const __m512i table = _mm512_load_si512(table_words);
+  const __m512i high_mask = _mm512_set1_epi32((int)0xFFFF0000u);
+  const int64_t octets = k_in / 8, groups = k_in / group_size, octets_per_group = group_size / 8;
+  const uint8_t* w = packed + block * octets * 64;
+  __m512 y_acc[T];
+  for (int t = 0; t < T; ++t) y_acc[t] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 dot[T];
+    for (int t = 0; t < T; ++t) dot[t] = _mm512_setzero_ps();
+    for (int64_t o = g * octets_per_group; o < (g + 1) * octets_per_group; ++o) {
+      const __m512i v0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + o * 64)));
+      const __m512i v1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + o * 64 + 32)));
+      const __m512bh a = (__m512bh)_mm512_permutexvar_epi16(v0, table);
+      const __m512bh b = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v0, 4), table);
+      const __m512bh c = (__m512bh)_mm512_permutexvar_epi16(v1, table);
+      const __m512bh d = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(v1, 4), table);
+      for (int t = 0; t < T; ++t) {
+        const uint32_t* xp = x_pairs[t] + o * 4;
+        dot[t] = _mm512_dpbf16_ps(dot[t], a, (__m512bh)_mm512_set1_epi32((int)xp[0]));
+        dot[t] = _mm512_dpbf16_ps(dot[t], b, (__m512bh)_mm512_set1_epi32((int)xp[1]));
+        dot[t] = _mm512_dpbf16_ps(dot[t], c, (__m512bh)_mm512_set1_epi32((int)xp[2]));
+        dot[t] = _mm512_dpbf16_ps(dot[t], d, (__m512bh)_mm512_set1_epi32((int)xp[3]));
+      }
+    }
+    const __m512i sz = _mm512_loadu_si512(scale_zero + g * n_out + block * 16);
+    const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(sz, 16));
+    const __m512 zero = _mm512_castsi512_ps(_mm512_and_si512(sz, high_mask));
+    for (int t = 0; t < T; ++t) {
+      y_acc[t] = _mm512_fmadd_ps(scale, dot[t], y_acc[t]);
+      y_acc[t] = _mm512_fmadd_ps(zero, _mm512_set1_ps(x_sums[t][g]), y_acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[t] + block * 16), (__m256i)_mm512_cvtneps_pbh(y_acc[t]));
+}
+
+using Int4Block = void (*)(const uint32_t* const*, const float* const*, const uint8_t*, const uint32_t*, int64_t,
+                           int64_t, int64_t, c10::BFloat16* const*, int64_t);
+const Int4Block kInt4Blocks[kRowTile] = {int4_block<1>, int4_block<2>, int4_block<3>, int4_block<4>,
+                                         int4_block<5>, int4_block<6>, int4_block<7>, int4_block<8>};
+}  // namespace
+
+at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t group_size,
+                       const at::Tensor& scales_and_zeros) {  // torch's _weight_int4pack_mm_for_cpu argument order
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "int4_matmul: x [M, K] bf16");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.size(2) == 64 && packed.is_contiguous(),
+              "int4_matmul: packed [N/16, K/8, 64] uint8");
+  TORCH_CHECK(scales_and_zeros.scalar_type() == at::kBFloat16 && scales_and_zeros.is_contiguous(),
+              "int4_matmul: scales_and_zeros [K/group, N, 2] bf16");
+  auto xc = x.contiguous();
+  const int64_t m = xc.size(0), k_in = xc.size(1), n_out = packed.size(0) * 16;
+  TORCH_CHECK(packed.size(1) * 8 == k_in && group_size % 8 == 0 && k_in % group_size == 0, "int4_matmul: shapes");
+  TORCH_CHECK(scales_and_zeros.size(0) == k_in / group_size && scales_and_zeros.size(1) == n_out, "int4_matmul: scale shape");
+  auto y = at::empty({m, n_out}, xc.options());
+  const int64_t groups = k_in / group_size;
+  std::vector<float> sums(m * groups);
+  const c10::BFloat16* xp = xc.data_ptr<c10::BFloat16>();
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      float s = 0.0f;
+      for (int64_t k = g * group_size; k < (g + 1) * group_size; ++k) s += static_cast<float>(xp[r * k_in + k]);
+      sums[r * groups + g] = s;
+    }
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const uint32_t* szp = reinterpret_cast<const uint32_t*>(scales_and_zeros.data_ptr<c10::BFloat16>());
+  c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
+  at::parallel_for(0, n_out / 16, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      for (int64_t r0 = 0; r0 < m; r0 += kRowTile) {
+        const int tile = static_cast<int>(std::min<int64_t>(kRowTile, m - r0));
+        const uint32_t* x_pairs[kRowTile];
+        const float* x_sums[kRowTile];
+        c10::BFloat16* rows[kRowTile];
+        for (int t = 0; t < tile; ++t) {
+          x_pairs[t] = reinterpret_cast<const uint32_t*>(xp + (r0 + t) * k_in);
+          x_sums[t] = sums.data() + (r0 + t) * groups;
+          rows[t] = yp + (r0 + t) * n_out;
+        }
+        kInt4Blocks[tile - 1](x_pairs, x_sums, wp, szp, n_out, k_in, group_size, rows, block);
+      }
+    }
+  });
+  return y;
+}
+#else
+constexpr bool kInt4Available = false;
+
+at::Tensor int4_matmul(const at::Tensor&, const at::Tensor&, int64_t, const at::Tensor&) {
+  TORCH_CHECK(false, "int4_matmul: this build has no AVX-512 BF16 (check int4_available() first)");
+}
+#endif
+
+bool int4_available() { return kInt4Available; }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend_rows", &attend_rows, "one-query-at-a-time attention rows (see cpu_kernels.cpp)");
   m.def("rms_norm", &rms_norm, "RMSNorm of fp32 rows, result in the weight's dtype");
+  m.def("int4_matmul", &int4_matmul, "bf16 x @ int4 weights (AVX-512 BF16), row-invariant");
+  m.def("int4_available", &int4_available, "whether int4_matmul was compiled (AVX-512 BF16)");
 }

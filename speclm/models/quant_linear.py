@@ -6,11 +6,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import functools
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from speclm.kernels import cpu_kernels
 from speclm.models.quantizers import COMPUTE_DTYPE, quantize_int4, quantize_int8
 from speclm.models.w8a8_linear import W8A8Linear, w8a8_supported
 
@@ -124,8 +126,36 @@ class Int8Linear(QuantizedLinear):
         return self.weight[:, : self.in_features].float() * self.scales.float()[:, None]
 
 
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """q uint8 [N, K] in 0..15 -> speclm's int4 kernel layout [N/16, K/8, 64] (cpu_kernels.cpp:
+    per 16 outputs and 8 inputs, byte 32h + 2l + e holds q[l, 4h + e] low and q[l, 4h + 2 + e] high)."""
+    n, k = q.shape
+    v = q.view(n // 16, 16, k // 8, 2, 2, 2).permute(0, 2, 3, 1, 5, 4)  # [blocks, octets, h, l, e, nibble]
+    return (v[..., 0] | (v[..., 1] << 4)).reshape(n // 16, k // 8, 64).contiguous()
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """pack_int4's inverse: [N/16, K/8, 64] -> q uint8 [N, K]."""
+    blocks, octets, _ = packed.shape
+    v = packed.view(blocks, octets, 2, 16, 2)  # [blocks, octets, h, l, e]
+    q = torch.stack([v & 0x0F, v >> 4], dim=-1)  # [..., e, nibble]
+    return q.permute(0, 3, 1, 2, 5, 4).reshape(blocks * 16, octets * 8)
+
+
+def int4_kernels(device: torch.device) -> ModuleType | None:
+    """speclm's compiled kernels when their int4 matmul runs here (CPU with AVX-512 BF16), else None."""
+    if device.type != "cpu":
+        return None
+    kernels = cpu_kernels()
+    return kernels if kernels is not None and kernels.int4_available() else None
+
+
 class Int4Linear(QuantizedLinear):
-    """int4 weight-only, asymmetric per group of inputs (torch's _weight_int4pack_mm_for_cpu)."""
+    """int4 weight-only, asymmetric per group of inputs: W = (q - 8) * scale + zero per group.
+
+    Runs speclm's kernel (AVX-512 BF16 dot products on bf16 activations, rows independent of each
+    other) where it was compiled, else torch's _weight_int4pack_mm_for_cpu; `layout` says which
+    packing `weight` holds. Both compute on the same grid (scales_and_zeros in torch's layout)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, group_size: int = 32) -> None:
         super().__init__(weight.shape[1], weight.shape[0], bias)
@@ -136,18 +166,31 @@ class Int4Linear(QuantizedLinear):
             )
         self.group_size = group_size
         q, scales, mins = quantize_int4(weight.detach().float(), group_size)
-        zeros = mins + 8 * scales  # the kernel computes (q - 8) * scale + zero
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+        zeros = mins + 8 * scales  # the kernels compute (q - 8) * scale + zero
+        self.kernels = int4_kernels(weight.device)
+        self.layout = "speclm" if self.kernels is not None else "torch"
+        if self.kernels is not None:
+            packed = pack_int4(q)
+        else:
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
         self.register_buffer("weight", packed)
         # [in/group, out, 2]: the kernel's layout of (scale, zero) pairs
         self.register_buffer("scales_and_zeros", torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(COMPUTE_DTYPE))
 
     def matmul_kernel(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        op, weight, group_size, scales_and_zeros = (
-            torch.ops.aten._weight_int4pack_mm_for_cpu, self.weight, self.group_size, self.scales_and_zeros)
+        weight, group_size, scales_and_zeros = self.weight, self.group_size, self.scales_and_zeros
+        if self.layout == "speclm":
+            op = self.kernels.int4_matmul
+        else:
+            op = torch.ops.aten._weight_int4pack_mm_for_cpu
         return lambda x: op(x, weight, group_size, scales_and_zeros)
 
     def dequantized_weight(self) -> torch.Tensor:
+        if self.layout == "speclm":
+            q = unpack_int4(self.weight).float() - 8
+            scale, zero = (self.scales_and_zeros[..., i].float().t().repeat_interleave(self.group_size, dim=1)
+                           for i in (0, 1))
+            return q * scale + zero
         # The kernel's fp32 path on the identity: exactly the stored grid, without re-deriving the packing.
         eye = torch.eye(self.in_features)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.weight, self.group_size, self.scales_and_zeros.float())

@@ -125,3 +125,61 @@ def test_loader_is_off_with_the_environment_switch_and_warns_when_the_build_fail
         assert "speclm: warning: CPU kernels unavailable" in err and "torch's ops" in err
     finally:
         kernels_module.cpu_kernels.cache_clear()  # the next caller gets the real build again
+
+
+int4_kernels = None if kernels is None or not kernels.int4_available() else kernels
+needs_int4 = pytest.mark.skipif(int4_kernels is None, reason="the kernels' int4 matmul needs AVX-512 BF16")
+
+
+def test_int4_packing_round_trips():
+    from speclm.models.quant_linear import pack_int4, unpack_int4
+
+    q = torch.randint(0, 16, (48, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    packed = pack_int4(q)
+    assert packed.shape == (3, 8, 64) and torch.equal(unpack_int4(packed), q)
+    assert packed[0, 0, 2 * 5 + 1] == q[5, 1] | (q[5, 3] << 4)  # byte 2l+e: q[l, e] low, q[l, 2+e] high
+    assert packed[0, 0, 32 + 2 * 5] == q[5, 4] | (q[5, 6] << 4)  # byte 32+2l+e: q[l, 4+e], q[l, 6+e]
+
+
+@needs_int4
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_int4_kernel_matches_torch_on_the_same_grid_and_is_row_invariant(group_size):
+    from speclm.models.quant_linear import Int4Linear, quantize_int4
+
+    g = torch.Generator().manual_seed(5)
+    weight = torch.randn(96, 256, generator=g) * 0.05
+    layer = Int4Linear(weight, group_size=group_size)
+    assert layer.layout == "speclm"
+    q, _, _ = quantize_int4(weight, group_size)
+    torch_packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+    x = torch.randn(17, 256, generator=g).bfloat16()
+    ours = int4_kernels.int4_matmul(x, layer.weight, group_size, layer.scales_and_zeros)
+    theirs = torch.ops.aten._weight_int4pack_mm_for_cpu(x, torch_packed, group_size, layer.scales_and_zeros)
+    # both accumulate exact bf16 products in fp32 (in another order) and round to bf16: within one ulp
+    assert ((ours.float() - theirs.float()).abs() <= theirs.float().abs() * 2**-7 + 1e-6).all()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(int4_kernels.int4_matmul(x, layer.weight, group_size, layer.scales_and_zeros), ours)
+    finally:
+        torch.set_num_threads(before)
+    for rows in (range(0, 1), range(3, 8), range(8, 17)):  # tiles of 1, 5 and 9 rows: each row as alone
+        part = int4_kernels.int4_matmul(x[rows.start : rows.stop].clone(), layer.weight, group_size, layer.scales_and_zeros)
+        assert torch.equal(part, ours[rows.start : rows.stop])
+    for r in range(17):
+        assert torch.equal(int4_kernels.int4_matmul(x[r : r + 1].clone(), layer.weight, group_size, layer.scales_and_zeros),
+                           ours[r : r + 1])
+
+
+def test_int4_layers_fall_back_to_torchs_kernel(monkeypatch):
+    import speclm.models.quant_linear as quant_linear
+
+    monkeypatch.setattr(quant_linear, "int4_kernels", lambda device: None)
+    g = torch.Generator().manual_seed(6)
+    weight = torch.randn(64, 128, generator=g) * 0.05
+    layer = quant_linear.Int4Linear(weight)
+    assert layer.layout == "torch"
+    x = torch.randn(3, 128, generator=g)
+    reference = F.linear(x.bfloat16().float(), layer.dequantized_weight())
+    assert ((layer(x) - reference).abs() <= reference.abs() * 2**-8 + 1e-5).all()
+    assert ((layer.dequantized_weight() - weight).abs() <= 0.05).all()
