@@ -15,6 +15,10 @@
 #include <cstdint>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 typedef float float16v __attribute__((vector_size(64)));  // 16 floats: one AVX-512 register, or two AVX2
@@ -220,7 +224,6 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 // are not requantized. Each output block of each row is computed in a fixed order by one thread:
 // a row's result does not depend on the other rows of the call (exact speculative verification).
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
-#include <immintrin.h>
 constexpr bool kInt4Available = true;
 
 namespace {
@@ -330,9 +333,104 @@ at::Tensor int4_matmul(const at::Tensor&, const at::Tensor&, int64_t, const at::
 
 bool int4_available() { return kInt4Available; }
 
+
+// -- w8a8 matmul (an int4 model's lm_head) --------------------------------------------------------
+// y [M, N] fp32 = x [M, K] fp32 @ W.T with W = q [N, K] int8 * scale[n], and each row of x quantized
+// on its own to int8 (absmax / 127, round to nearest even): integer products summed exactly with
+// AVX-512 VNNI (vpdpbusd, activations offset by 128 to unsigned, corrected by 128 * sum_k q[n, k]).
+// Packed q (pack_int8 in w8a8_linear.py): per block of 16 outputs and 4 inputs, 64 bytes; byte 4l+j
+// holds q[l, k+j]. A row's result depends on that row only.
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr bool kInt8Available = true;
+
+namespace {
+template <int T>
+void int8_block(const uint32_t* const* x_quads, const float* row_scales, const int8_t* packed,
+                const float* weight_scales, const int32_t* weight_sums, int64_t k_in, float* const* y,
+                int64_t block) {
+  const int64_t quads = k_in / 4;
+  const int8_t* w = packed + block * quads * 64;
+  __m512i acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_si512();
+  for (int64_t q = 0; q < quads; ++q) {
+    const __m512i wq = _mm512_loadu_si512(w + q * 64);
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_dpbusd_epi32(acc[t], _mm512_set1_epi32((int)x_quads[t][q]), wq);
+  }
+  const __m512i correction = _mm512_slli_epi32(_mm512_loadu_si512(weight_sums + block * 16), 7);  // 128 * sum q
+  const __m512 scales = _mm512_loadu_ps(weight_scales + block * 16);
+  for (int t = 0; t < T; ++t) {
+    const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[t], correction));
+    _mm512_storeu_ps(y[t] + block * 16, _mm512_mul_ps(dot, _mm512_mul_ps(scales, _mm512_set1_ps(row_scales[t]))));
+  }
+}
+
+using Int8Block = void (*)(const uint32_t* const*, const float*, const int8_t*, const float*, const int32_t*, int64_t,
+                           float* const*, int64_t);
+constexpr int kInt8RowTile = 5;  // 6-8 rows per pass over the weights ran slower than two passes here
+const Int8Block kInt8Blocks[kInt8RowTile] = {int8_block<1>, int8_block<2>, int8_block<3>, int8_block<4>,
+                                             int8_block<5>};
+}  // namespace
+
+at::Tensor w8a8_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& weight_scales,
+                       const at::Tensor& weight_sums) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "w8a8_matmul: x [M, K] fp32");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kChar && packed.size(2) == 64 && packed.is_contiguous(),
+              "w8a8_matmul: packed [N/16, K/4, 64] int8");
+  auto xc = x.contiguous();
+  const int64_t m = xc.size(0), k_in = xc.size(1), n_out = packed.size(0) * 16;
+  TORCH_CHECK(packed.size(1) * 4 == k_in, "w8a8_matmul: shapes");
+  TORCH_CHECK(weight_scales.scalar_type() == at::kFloat && weight_scales.numel() == n_out && weight_scales.is_contiguous() &&
+              weight_sums.scalar_type() == at::kInt && weight_sums.numel() == n_out && weight_sums.is_contiguous(),
+              "w8a8_matmul: weight_scales fp32 [N], weight_sums int32 [N]");
+  // Each row on its own int8 grid, stored offset by 128 (unsigned, for vpdpbusd).
+  std::vector<uint8_t> x_u8(m * k_in);
+  std::vector<float> row_scales(m);
+  const float* xp = xc.data_ptr<float>();
+  for (int64_t r = 0; r < m; ++r) {
+    const float* row = xp + r * k_in;
+    float absmax = 0.0f;
+    for (int64_t k = 0; k < k_in; ++k) absmax = std::max(absmax, std::fabs(row[k]));
+    absmax = std::max(absmax, 1e-30f);
+    const float inv = 127.0f / absmax;
+    for (int64_t k = 0; k < k_in; ++k) x_u8[r * k_in + k] = static_cast<uint8_t>(std::nearbyint(row[k] * inv) + 128.0f);
+    row_scales[r] = absmax / 127.0f;
+  }
+  auto y = at::empty({m, n_out}, xc.options());
+  const int8_t* wp = packed.data_ptr<int8_t>();
+  const float* ws = weight_scales.data_ptr<float>();
+  const int32_t* wsum = weight_sums.data_ptr<int32_t>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, n_out / 16, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      for (int64_t r0 = 0; r0 < m; r0 += kInt8RowTile) {
+        const int tile = static_cast<int>(std::min<int64_t>(kInt8RowTile, m - r0));
+        const uint32_t* quads[kInt8RowTile];
+        float* rows[kInt8RowTile];
+        for (int t = 0; t < tile; ++t) {
+          quads[t] = reinterpret_cast<const uint32_t*>(x_u8.data() + (r0 + t) * k_in);
+          rows[t] = yp + (r0 + t) * n_out;
+        }
+        kInt8Blocks[tile - 1](quads, row_scales.data() + r0, wp, ws, wsum, k_in, rows, block);
+      }
+    }
+  });
+  return y;
+}
+#else
+constexpr bool kInt8Available = false;
+
+at::Tensor w8a8_matmul(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+  TORCH_CHECK(false, "w8a8_matmul: this build has no AVX-512 VNNI (check w8a8_available() first)");
+}
+#endif
+
+bool w8a8_available() { return kInt8Available; }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend_rows", &attend_rows, "one-query-at-a-time attention rows (see cpu_kernels.cpp)");
   m.def("rms_norm", &rms_norm, "RMSNorm of fp32 rows, result in the weight's dtype");
   m.def("int4_matmul", &int4_matmul, "bf16 x @ int4 weights (AVX-512 BF16), row-invariant");
   m.def("int4_available", &int4_available, "whether int4_matmul was compiled (AVX-512 BF16)");
+  m.def("w8a8_matmul", &w8a8_matmul, "fp32 x (int8 per row) @ int8 weights (AVX-512 VNNI), row-invariant");
+  m.def("w8a8_available", &w8a8_available, "whether w8a8_matmul was compiled (AVX-512 VNNI)");
 }

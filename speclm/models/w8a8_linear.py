@@ -16,10 +16,12 @@ the decoding call for the same token bit for bit). The row's absmax is multiplie
 from __future__ import annotations
 
 import warnings
+from types import ModuleType
 
 import torch
 from torch import nn
 
+from speclm.kernels import cpu_kernels
 from speclm.models.quantizers import quantize_int8
 
 
@@ -38,9 +40,25 @@ def _quantized_int8_weight(weight: torch.Tensor) -> torch.Tensor:
         return torch._make_per_channel_quantized_tensor(q, scales.double(), zero_points, 0)
 
 
+def pack_int8(q: torch.Tensor) -> torch.Tensor:
+    """q int8 [N, K] -> speclm's w8a8 kernel layout [N/16, K/4, 64] (byte 4l+j of a block holds q[l, k+j])."""
+    n, k = q.shape
+    return q.view(n // 16, 16, k // 4, 4).transpose(1, 2).reshape(n // 16, k // 4, 64).contiguous()
+
+
+def w8a8_kernels(weight: torch.Tensor) -> ModuleType | None:
+    """speclm's compiled kernels when their w8a8 matmul fits this weight (CPU with AVX-512 VNNI,
+    [N, K] with K % 4 == 0), else None (fbgemm runs it)."""
+    if weight.device.type != "cpu" or weight.shape[1] % 4:
+        return None
+    kernels = cpu_kernels()
+    return kernels if kernels is not None and kernels.w8a8_available() else None
+
+
 class W8A8Linear(nn.Module):
     """y = x @ W.T + b with W int8 per output channel and each row of x int8 (see the module doc);
-    fp32 out."""
+    fp32 out. Runs speclm's VNNI kernel where it was compiled (each row quantized to int8 on its
+    own absmax), else fbgemm (the pinned-row scheme)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -49,12 +67,25 @@ class W8A8Linear(nn.Module):
         w = weight.detach().float()
         self.out_features, self.in_features = w.shape
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.kernels = w8a8_kernels(w)
+        if self.kernels is not None:
+            q, scales = quantize_int8(w)
+            pad = -self.out_features % 16  # whole blocks of 16 outputs; the padding's outputs are dropped
+            self.packed = pack_int8(torch.nn.functional.pad(q, (0, 0, 0, pad)))
+            self.weight_scales = torch.nn.functional.pad(scales.float(), (0, pad)).contiguous()
+            self.weight_sums = torch.nn.functional.pad(q.sum(dim=1, dtype=torch.int32), (0, pad))
+            return
         self.packed = torch.ops.quantized.linear_prepack(_quantized_int8_weight(w), None)
         self._rows = torch.zeros(1, self.in_features)  # row 0: the +1/-1 pin, then the scaled input rows
         self._rows[0, 0], self._rows[0, 1 % self.in_features] = 1.0, -1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out] fp32
         x, n = x.float(), x.shape[0]  # bf16 inputs (an int4 model's head) are upcast; fp32 is a no-op
+        if self.kernels is not None:
+            y = self.kernels.w8a8_matmul(x, self.packed, self.weight_scales, self.weight_sums)
+            if y.shape[1] != self.out_features:
+                y = y[:, : self.out_features]
+            return y if self.bias is None else y + self.bias
         if self._rows.shape[0] < n + 1:
             with torch.inference_mode(False):  # a normal tensor, writable in and out of inference mode
                 rows = torch.zeros(max(n + 1, 2 * self._rows.shape[0]), self.in_features)
@@ -67,6 +98,10 @@ class W8A8Linear(nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         """The fp32 [out, in] weight this layer multiplies by (activation rounding aside)."""
+        if self.kernels is not None:
+            blocks, quads, _ = self.packed.shape
+            q = self.packed.view(blocks, quads, 16, 4).transpose(1, 2).reshape(blocks * 16, quads * 4)
+            return (q.float() * self.weight_scales[:, None])[: self.out_features]
         return torch.ops.quantized.linear_unpack(self.packed)[0].dequantize()
 
     def rows(self, index: torch.Tensor) -> "W8A8Linear":
