@@ -117,19 +117,41 @@ def verification_cost(llm: LLM, max_k: int = 8, context: int = 128, reps: int = 
             "ratio": {k: statistics.median(times[k + 1]) / single for k in range(1, max_k + 1)}}
 
 
+def _kernel_times(run, steps: int) -> dict[str, tuple[float, float]]:
+    """speclm kernel name -> (ms per token, calls per token) while `run()` decodes `steps` tokens,
+    from cProfile (torch.profiler does not see the C++ extension's calls)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.runcall(run)
+    out = {}
+    for (_, _, name), (_, calls, tottime, _, _) in pstats.Stats(profiler).stats.items():  # type: ignore[attr-defined]
+        if "speclm_cpu_kernels" in name:
+            kernel = name.rsplit(".", 1)[-1].rstrip(">}")
+            out[f"speclm::{kernel}"] = (tottime / steps * 1e3, calls / steps)
+    return out
+
+
 def decode_profile(llm: LLM, steps: int = 16, top: int = 10) -> dict:
-    """Where one decode step's time goes: torch.profiler self CPU time per op, per token."""
+    """Where one decode step's time goes: torch.profiler self CPU time per op, per token, plus the
+    time in speclm's C++ kernels (cProfile, a second pass over as many tokens)."""
     from torch.profiler import ProfilerActivity, profile
 
     model = llm.model
-    cache = model.new_cache(64 + steps)
+    cache = model.new_cache(64 + 2 * steps)
     model(torch.arange(100, 164), torch.arange(64), cache, AttentionMetadata(0, 64))
+
+    def decode(first: int) -> None:
+        for i in range(steps):
+            pos = first + i
+            model.compute_logits(model(torch.tensor([100 + i]), torch.tensor([pos]), cache, AttentionMetadata(pos, 1)))
+
     t0 = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for i in range(steps):
-            pos = 64 + i
-            model.compute_logits(model(torch.tensor([100 + i]), torch.tensor([pos]), cache, AttentionMetadata(pos, 1)))
+        decode(64)
     wall = (time.perf_counter() - t0) / steps
+    kernels = _kernel_times(lambda: decode(64 + steps), steps)
     ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total_ops = sum(e.self_cpu_time_total for e in ops) / steps / 1e3  # ms per token inside aten ops
     matmul = sum(e.self_cpu_time_total for e in ops if "mm" in e.key or "linear" in e.key) / steps / 1e3
@@ -137,7 +159,10 @@ def decode_profile(llm: LLM, steps: int = 16, top: int = 10) -> dict:
         "wall_ms_per_token_profiled": wall * 1e3,
         "aten_ms_per_token": total_ops,
         "matmul_ms_per_token": matmul,
+        "kernel_ms_per_token": sum(ms for ms, _ in kernels.values()),
         "aten_calls_per_token": sum(e.count for e in ops) / steps,
+        "kernels": [{"op": k, "ms_per_token": ms, "calls_per_token": calls} for k, (ms, calls) in
+                    sorted(kernels.items(), key=lambda kv: -kv[1][0])],
         "top_ops": [{"op": e.key, "ms_per_token": e.self_cpu_time_total / steps / 1e3, "calls_per_token": e.count / steps}
                     for e in ops[:top]],
     }
