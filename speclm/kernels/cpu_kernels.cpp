@@ -216,7 +216,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 // -- int4 weight-only matmul ---------------------------------------------------------------------
 // y [M, N] bf16 = x [M, K] bf16 @ W.T, W[n, k] = (q[n, k] - 8) * scale[g, n] + zero[g, n] for the group
-// g = k / group_size (torch's int4 grid; scales_and_zeros [K/group, N, 2] bf16 is torch's layout too).
+// g = k / group_size (torch's int4 grid). scales_and_zeros [N/16, K/group, 16, 2] bf16: torch's (scale, zero)
+// pairs regrouped so that one output block reads its groups' pairs in one sequential stream.
 // q is packed for AVX-512 BF16 dot products (pack_int4 in quant_linear.py): per block of 16 outputs
 // and 8 inputs, 64 bytes; byte 2l+e holds q[l, k+e] (low nibble) and q[l, k+2+e] (high), byte
 // 32+2l+e holds q[l, k+4+e] and q[l, k+6+e]. Nibbles become the bf16 values q-8 through a table,
@@ -231,7 +232,7 @@ constexpr int kRowTile = 8;
 
 template <int T>
 void int4_block(const uint32_t* const* x_pairs, const float* const* x_sums, const uint8_t* packed,
-                const uint32_t* scale_zero, int64_t n_out, int64_t k_in, int64_t group_size,
+                const uint32_t* scale_zero, int64_t k_in, int64_t group_size,
                 c10::BFloat16* const* y, int64_t block) {
   alignas(64) static const int16_t table_words[32] = {
       // bf16 bit patterns of -8..7, twice (vpermw reads the low 5 bits of each index)
@@ -263,7 +264,7 @@ void int4_block(const uint32_t* const* x_pairs, const float* const* x_sums, cons
         dot[t] = _mm512_dpbf16_ps(dot[t], d, (__m512bh)_mm512_set1_epi32((int)xp[3]));
       }
     }
-    const __m512i sz = _mm512_loadu_si512(scale_zero + g * n_out + block * 16);
+    const __m512i sz = _mm512_loadu_si512(scale_zero + (block * groups + g) * 16);
     const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(sz, 16));
     const __m512 zero = _mm512_castsi512_ps(_mm512_and_si512(sz, high_mask));
     for (int t = 0; t < T; ++t) {
@@ -276,7 +277,7 @@ void int4_block(const uint32_t* const* x_pairs, const float* const* x_sums, cons
 }
 
 using Int4Block = void (*)(const uint32_t* const*, const float* const*, const uint8_t*, const uint32_t*, int64_t,
-                           int64_t, int64_t, c10::BFloat16* const*, int64_t);
+                           int64_t, c10::BFloat16* const*, int64_t);
 const Int4Block kInt4Blocks[kRowTile] = {int4_block<1>, int4_block<2>, int4_block<3>, int4_block<4>,
                                          int4_block<5>, int4_block<6>, int4_block<7>, int4_block<8>};
 }  // namespace
@@ -286,12 +287,13 @@ at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t gr
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "int4_matmul: x [M, K] bf16");
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.size(2) == 64 && packed.is_contiguous(),
               "int4_matmul: packed [N/16, K/8, 64] uint8");
-  TORCH_CHECK(scales_and_zeros.scalar_type() == at::kBFloat16 && scales_and_zeros.is_contiguous(),
-              "int4_matmul: scales_and_zeros [K/group, N, 2] bf16");
+  TORCH_CHECK(scales_and_zeros.scalar_type() == at::kBFloat16 && scales_and_zeros.is_contiguous() &&
+              scales_and_zeros.dim() == 4, "int4_matmul: scales_and_zeros [N/16, K/group, 16, 2] bf16");
   auto xc = x.contiguous();
   const int64_t m = xc.size(0), k_in = xc.size(1), n_out = packed.size(0) * 16;
   TORCH_CHECK(packed.size(1) * 8 == k_in && group_size % 8 == 0 && k_in % group_size == 0, "int4_matmul: shapes");
-  TORCH_CHECK(scales_and_zeros.size(0) == k_in / group_size && scales_and_zeros.size(1) == n_out, "int4_matmul: scale shape");
+  TORCH_CHECK(scales_and_zeros.size(0) == n_out / 16 && scales_and_zeros.size(1) == k_in / group_size,
+              "int4_matmul: scale shape");
   auto y = at::empty({m, n_out}, xc.options());
   const int64_t groups = k_in / group_size;
   std::vector<float> sums(m * groups);
@@ -317,7 +319,7 @@ at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t gr
           x_sums[t] = sums.data() + (r0 + t) * groups;
           rows[t] = yp + (r0 + t) * n_out;
         }
-        kInt4Blocks[tile - 1](x_pairs, x_sums, wp, szp, n_out, k_in, group_size, rows, block);
+        kInt4Blocks[tile - 1](x_pairs, x_sums, wp, szp, k_in, group_size, rows, block);
       }
     }
   });

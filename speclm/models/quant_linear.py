@@ -169,13 +169,15 @@ class Int4Linear(QuantizedLinear):
         zeros = mins + 8 * scales  # the kernels compute (q - 8) * scale + zero
         self.kernels = int4_kernels(weight.device)
         self.layout = "speclm" if self.kernels is not None else "torch"
+        pairs = torch.stack([scales, zeros], dim=-1).to(COMPUTE_DTYPE)  # [out, in/group, 2]
         if self.kernels is not None:
-            packed = pack_int4(q)
+            self.register_buffer("weight", pack_int4(q))
+            # [out/16, in/group, 16, 2]: one output block's pairs in one stream (cpu_kernels.cpp)
+            pairs = pairs.view(self.out_features // 16, 16, -1, 2).transpose(1, 2)
         else:
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
-        self.register_buffer("weight", packed)
-        # [in/group, out, 2]: the kernel's layout of (scale, zero) pairs
-        self.register_buffer("scales_and_zeros", torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(COMPUTE_DTYPE))
+            self.register_buffer("weight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1))
+            pairs = pairs.transpose(0, 1)  # [in/group, out, 2]: torch's kernel's layout
+        self.register_buffer("scales_and_zeros", pairs.contiguous())
 
     def matmul_kernel(self) -> Callable[[torch.Tensor], torch.Tensor]:
         weight, group_size, scales_and_zeros = self.weight, self.group_size, self.scales_and_zeros
@@ -185,11 +187,19 @@ class Int4Linear(QuantizedLinear):
             op = torch.ops.aten._weight_int4pack_mm_for_cpu
         return lambda x: op(x, weight, group_size, scales_and_zeros)
 
+    def group_scales_and_zeros(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scale, zero) per output and group of inputs, fp32 [out, in/group] each, whatever the layout."""
+        pairs = self.scales_and_zeros.float()
+        if self.layout == "speclm":
+            pairs = pairs.transpose(1, 2).reshape(self.out_features, -1, 2)
+        else:
+            pairs = pairs.transpose(0, 1)
+        return pairs[..., 0], pairs[..., 1]
+
     def dequantized_weight(self) -> torch.Tensor:
         if self.layout == "speclm":
             q = unpack_int4(self.weight).float() - 8
-            scale, zero = (self.scales_and_zeros[..., i].float().t().repeat_interleave(self.group_size, dim=1)
-                           for i in (0, 1))
+            scale, zero = (t.repeat_interleave(self.group_size, dim=1) for t in self.group_scales_and_zeros())
             return q * scale + zero
         # The kernel's fp32 path on the identity: exactly the stored grid, without re-deriving the packing.
         eye = torch.eye(self.in_features)

@@ -154,7 +154,9 @@ def test_int4_kernel_matches_torch_on_the_same_grid_and_is_row_invariant(group_s
     torch_packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
     x = torch.randn(17, 256, generator=g).bfloat16()
     ours = int4_kernels.int4_matmul(x, layer.weight, group_size, layer.scales_and_zeros)
-    theirs = torch.ops.aten._weight_int4pack_mm_for_cpu(x, torch_packed, group_size, layer.scales_and_zeros)
+    scale, zero = layer.group_scales_and_zeros()
+    torch_pairs = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().bfloat16()  # [in/group, out, 2]
+    theirs = torch.ops.aten._weight_int4pack_mm_for_cpu(x, torch_packed, group_size, torch_pairs)
     # both accumulate exact bf16 products in fp32 (in another order) and round to bf16: within one ulp
     assert ((ours.float() - theirs.float()).abs() <= theirs.float().abs() * 2**-7 + 1e-6).all()
     before = torch.get_num_threads()

@@ -76,7 +76,7 @@ def test_layer_equals_its_dequantized_reference(fmt, width):
     elif isinstance(layer, Int8Linear):
         assert (error <= layer.scales.float()[:, None] / 2 + 1e-6).all()
     else:
-        scales = layer.scales_and_zeros[..., 0].float().t().repeat_interleave(layer.group_size, dim=1)
+        scales = layer.group_scales_and_zeros()[0].repeat_interleave(layer.group_size, dim=1)
         assert (error <= scales / 2 + 1e-5).all()
 
 
