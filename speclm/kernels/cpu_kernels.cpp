@@ -156,7 +156,9 @@ at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& keys, const at::Te
   } else {
     TORCH_CHECK(max_length <= keys.size(1), "attend_rows: a length exceeds the keys");
   }
-  auto out = at::empty({heads, n, head_dim}, q.options().memory_format(at::MemoryFormat::Contiguous));
+  // [heads, n, head_dim] with [n, heads, head_dim] memory: the caller's transpose to [n, heads * head_dim]
+  // (o_proj's input) is then a view.
+  auto out = at::empty({n, heads, head_dim}, q.options().memory_format(at::MemoryFormat::Contiguous)).transpose(0, 1);
   const float* qp = q.data_ptr<float>();
   const float* kp = keys.data_ptr<float>();
   const float* vp = values.data_ptr<float>();
@@ -174,9 +176,94 @@ at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& keys, const at::Te
       const int64_t h = task / n, i = task % n;
       const int64_t kvh = h / group;
       attend(qp + h * qs0 + i * qs1, kp + kvh * ks0, vp + kvh * ks0, ks1, sp ? sp + i * slot_row : nullptr,
-                 length_of[i], head_dim, static_cast<float>(scale), scores.data(), op + (h * n + i) * head_dim);
+                 length_of[i], head_dim, static_cast<float>(scale), scores.data(), op + (i * heads + h) * head_dim);
     }
   });
+  return out;
+}
+
+
+// qkv [n, (heads + 2 kv_heads) * head_dim] (bf16 or fp32, the QKV projection's output) -> q
+// [heads, n, head_dim] fp32, rotated; the rotated keys and the values are written to k_cache /
+// v_cache [kv_heads, num_slots, head_dim] (fp32) at slots[i] for row i. Rotation as apply_rope in
+// layers.py: x * cos + roll(x, head_dim / 2) * signed_sin, with cos/signed_sin [n, head_dim] fp32.
+at::Tensor rope_qkv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin, int64_t heads,
+                    int64_t kv_heads, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1, "rope_qkv: qkv [n, width], rows contiguous");
+  TORCH_CHECK(qkv.scalar_type() == at::kFloat || qkv.scalar_type() == at::kBFloat16, "rope_qkv: fp32 or bf16 qkv");
+  const int64_t n = qkv.size(0), head_dim = k_cache.size(2), half = head_dim / 2;
+  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * head_dim && head_dim % 2 == 0, "rope_qkv: widths");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && signed_sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+              signed_sin.is_contiguous() && cos.size(0) == n && cos.size(1) == head_dim, "rope_qkv: cos/sin [n, head_dim] fp32");
+  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat && k_cache.stride(2) == 1 &&
+              v_cache.stride(2) == 1 && k_cache.size(0) == kv_heads, "rope_qkv: fp32 caches [kv_heads, slots, head_dim]");
+  auto slots_c = slots.to(at::kLong).contiguous();
+  TORCH_CHECK(slots_c.numel() == n, "rope_qkv: one slot per row");
+  const int64_t* slot = slots_c.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(slot[i] >= 0 && slot[i] < k_cache.size(1), "rope_qkv: slot out of range");
+  auto q = at::empty({heads, n, head_dim}, cos.options());
+  float* qp = q.data_ptr<float>();
+  float* kp = k_cache.data_ptr<float>();
+  float* vp = v_cache.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = signed_sin.data_ptr<float>();
+  const bool bf16 = qkv.scalar_type() == at::kBFloat16;
+  std::vector<float> x(head_dim);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* c = cp + i * head_dim;
+    const float* sn = sp + i * head_dim;
+    for (int64_t h = 0; h < heads + 2 * kv_heads; ++h) {
+      const int64_t offset = i * qkv.stride(0) + h * head_dim;
+      if (bf16) {
+        const c10::BFloat16* src = qkv.data_ptr<c10::BFloat16>() + offset;
+        for (int64_t d = 0; d < head_dim; ++d) x[d] = static_cast<float>(src[d]);
+      } else {
+        const float* src = qkv.data_ptr<float>() + offset;
+        for (int64_t d = 0; d < head_dim; ++d) x[d] = src[d];
+      }
+      float* dst = h < heads ? qp + (h * n + i) * head_dim
+                 : h < heads + kv_heads ? kp + (h - heads) * k_cache.stride(0) + slot[i] * k_cache.stride(1)
+                                        : vp + (h - heads - kv_heads) * v_cache.stride(0) + slot[i] * v_cache.stride(1);
+      if (h >= heads + kv_heads) {
+        for (int64_t d = 0; d < head_dim; ++d) dst[d] = x[d];
+        continue;
+      }
+      for (int64_t d = 0; d < head_dim; ++d) {
+        const float rolled = x[d < half ? d + half : d - half];
+        const float a = x[d] * c[d];
+        const float b = rolled * sn[d];
+        dst[d] = a + b;
+      }
+    }
+  }
+  return q;
+}
+
+// silu(gate) * up for gate_up [n, 2 * width] bf16 (the fused gate/up projection) -> [n, width] bf16,
+// rounding as torch's bf16 ops do: silu's result to bf16, then the product to bf16.
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.scalar_type() == at::kBFloat16 && gate_up.stride(1) == 1,
+              "silu_mul: bf16 [n, 2 * width], rows contiguous");
+  const int64_t n = gate_up.size(0), width = gate_up.size(1) / 2;
+  auto out = at::empty({n, width}, gate_up.options());
+  const c10::BFloat16* src = gate_up.data_ptr<c10::BFloat16>();
+  c10::BFloat16* dst = out.data_ptr<c10::BFloat16>();
+  float gate[16], silu[16];
+  for (int64_t i = 0; i < n; ++i) {
+    const c10::BFloat16* g = src + i * gate_up.stride(0);
+    const c10::BFloat16* u = g + width;
+    for (int64_t j0 = 0; j0 < width; j0 += 16) {  // 16 at a time; a short tail is padded with zeros
+      const int64_t count = std::min<int64_t>(16, width - j0);
+      for (int64_t j = 0; j < 16; ++j) gate[j] = j < count ? static_cast<float>(g[j0 + j]) : 0.0f;
+      const float16v x = load16(gate);
+      const float16v e = exp_nonpositive(x < 0.0f ? x : -x);  // exp(-|x|), no overflow
+      const float16v r = (x < 0.0f ? x * e : x) / (1.0f + e);  // x * sigmoid(x)
+      std::memcpy(silu, &r, sizeof(r));
+      for (int64_t j = 0; j < count; ++j)
+        dst[i * width + j0 + j] = c10::BFloat16(static_cast<float>(c10::BFloat16(silu[j])) * static_cast<float>(u[j0 + j]));
+    }
+  }
   return out;
 }
 
@@ -431,6 +518,8 @@ bool w8a8_available() { return kInt8Available; }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend_rows", &attend_rows, "one-query-at-a-time attention rows (see cpu_kernels.cpp)");
   m.def("rms_norm", &rms_norm, "RMSNorm of fp32 rows, result in the weight's dtype");
+  m.def("rope_qkv", &rope_qkv, "rotate q and k of a QKV projection, write k and v to cache slots; returns q");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate/up projection, bf16");
   m.def("int4_matmul", &int4_matmul, "bf16 x @ int4 weights (AVX-512 BF16), row-invariant");
   m.def("int4_available", &int4_available, "whether int4_matmul was compiled (AVX-512 BF16)");
   m.def("w8a8_matmul", &w8a8_matmul, "fp32 x (int8 per row) @ int8 weights (AVX-512 VNNI), row-invariant");

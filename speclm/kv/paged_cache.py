@@ -163,6 +163,14 @@ class PagedAttentionMetadata:
         """Write the new keys/values into their slots, then attend; returns [heads, num_tokens, head_dim]."""
         k_cache[:, self.slot_mapping] = k
         v_cache[:, self.slot_mapping] = v
+        return self.attend_cached(q, k_cache, v_cache)
+
+    def write_slots(self, device: torch.device) -> torch.Tensor:
+        """The pool slot of each new token, [num_tokens] (rope_qkv writes keys/values there)."""
+        return self.slot_mapping
+
+    def attend_cached(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """attend, once the new keys/values are in the pool."""
         if isinstance(k_cache, torch.Tensor) and self.pooled is not None:  # one call reads the pool
             rows, pooled = self.pooled
             if len(rows) == self.num_tokens:  # a decode/verification-only step: rows are in order
@@ -173,7 +181,7 @@ class PagedAttentionMetadata:
             out = torch.empty_like(q)
             for rows, slots, local in self.sequences:
                 out[:, rows] = attend_like_decoding(q[:, rows], k_cache[:, slots], v_cache[:, slots], local)
-        gqa = q.shape[0] != k.shape[0]
+        gqa = q.shape[0] != k_cache.shape[0]
         for offset, m, slots in self.prompt_chunks:
             attn_mask, is_causal = AttentionMetadata(len(slots) - m, m).sdpa_mask()  # causal over its keys
             out[:, offset : offset + m] = F.scaled_dot_product_attention(

@@ -16,6 +16,10 @@ class Int8Slots:
         self.scale = scale  # [kv_heads, num_slots, 1] fp32
         self.dtype = dtype
 
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
     def __getitem__(self, index) -> torch.Tensor:
         return (self.data[index].to(torch.float32) * self.scale[index]).to(self.dtype)
 

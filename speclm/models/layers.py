@@ -162,11 +162,21 @@ class DecodeRows(NamedTuple):
         return DecodeRows(self.lengths.to(device), None if self.slots is None else self.slots.to(device))
 
 
-def decode_kernels(q: torch.Tensor) -> ModuleType | None:
-    """speclm's compiled kernels when they apply to q (CPU, fp32, no gradient wanted), else None."""
-    if q.device.type != "cpu" or q.dtype != torch.float32 or (q.requires_grad and torch.is_grad_enabled()):
+def decode_kernels(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> ModuleType | None:
+    """speclm's compiled kernels when they apply to t (CPU, `dtype`, no gradient wanted), else None."""
+    if t.device.type != "cpu" or t.dtype != dtype or (t.requires_grad and torch.is_grad_enabled()):
         return None
     return cpu_kernels()
+
+
+def rope_kernels(qkv: torch.Tensor, cos: torch.Tensor, k_cache) -> ModuleType | None:
+    """speclm's kernels when rope_qkv can take this QKV output (CPU, fp32 or bf16, no gradient) and
+    write into this cache (an fp32 tensor: not an int8 paged pool), else None."""
+    if not isinstance(k_cache, torch.Tensor) or k_cache.dtype != torch.float32 or cos.dtype != torch.float32:
+        return None
+    if qkv.dim() != 2 or qkv.stride(-1) != 1:
+        return None
+    return decode_kernels(qkv, qkv.dtype) if qkv.dtype in (torch.float32, torch.bfloat16) else None
 
 
 def attend_like_decoding(
@@ -211,6 +221,7 @@ class AttentionMetadata:
     mask: torch.Tensor | None = None
     paths: list[list[int]] | None = None
     _rows: DecodeRows | None = field(default=None, init=False, repr=False)  # built once, used by every layer
+    _slots: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     @property
     def end(self) -> int:
@@ -247,6 +258,16 @@ class AttentionMetadata:
         """Write the new keys/values at slots start.., attend over slots 0..end; [heads, num_tokens, head_dim]."""
         k_cache[:, self.start : self.end] = k
         v_cache[:, self.start : self.end] = v
+        return self.attend_cached(q, k_cache, v_cache)
+
+    def write_slots(self, device: torch.device) -> torch.Tensor:
+        """The cache slot of each new token, [num_tokens] (rope_qkv writes keys/values there)."""
+        if self._slots is None:
+            self._slots = torch.arange(self.start, self.end, device=device)
+        return self._slots
+
+    def attend_cached(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """attend, once the new keys/values are in the cache."""
         rows = self.decode_rows(q.device)
         if rows is not None:
             return attend_like_decoding(q, k_cache, v_cache, rows)
@@ -257,7 +278,7 @@ class AttentionMetadata:
             v_cache[:, : self.end].unsqueeze(0),
             attn_mask=attn_mask,
             is_causal=is_causal,
-            enable_gqa=q.shape[0] != k.shape[0],
+            enable_gqa=q.shape[0] != k_cache.shape[0],
         )[0]
 
 
@@ -281,20 +302,30 @@ def self_attention(
     n, h, kv = x.shape[0], num_heads, num_kv_heads
     # Attention runs in the cache's dtype (LlamaModel.attn_dtype: fp32 on the CPU, also when the
     # layers compute in bf16), rotary included; o_proj gets the layer's dtype back.
-    qkv = qkv_proj(x)
-    if qkv.dtype != cos.dtype:
-        qkv = qkv.to(cos.dtype)
-    qkv = qkv.view(n, h + 2 * kv, head_dim).transpose(0, 1)  # [heads + 2 kv, n, d]
-    qk = apply_rope(qkv[: h + kv], cos, sin)  # q and k rotated in one go
     # The metadata knows the cache layout (one contiguous sequence, or paged slots of a batch).
-    out = meta.attend(qk[:h], qk[h:], qkv[h + kv :], k_cache, v_cache)  # [heads, num_tokens, head_dim]
+    qkv = qkv_proj(x)
+    kernels = rope_kernels(qkv, cos, k_cache)
+    if kernels is not None:  # one call: rotate, write keys/values to their slots, return q
+        q = kernels.rope_qkv(qkv, cos, sin, h, kv, k_cache, v_cache, meta.write_slots(qkv.device))
+        out = meta.attend_cached(q, k_cache, v_cache)  # [heads, num_tokens, head_dim]
+    else:
+        if qkv.dtype != cos.dtype:
+            qkv = qkv.to(cos.dtype)
+        qkv = qkv.view(n, h + 2 * kv, head_dim).transpose(0, 1)  # [heads + 2 kv, n, d]
+        qk = apply_rope(qkv[: h + kv], cos, sin)  # q and k rotated in one go
+        out = meta.attend(qk[:h], qk[h:], qkv[h + kv :], k_cache, v_cache)
     out = out.transpose(0, 1).reshape(n, -1)
     return o_proj(out if out.dtype == x.dtype else out.to(x.dtype))
 
 
 def swiglu(x: torch.Tensor, gate_up_proj: TensorFn, down_proj: TensorFn, intermediate_size: int) -> torch.Tensor:
-    """SwiGLU feed-forward with a fused gate/up projection."""
-    gate, up = gate_up_proj(x).split(intermediate_size, dim=-1)
+    """SwiGLU feed-forward with a fused gate/up projection (silu and product in one kernel call for
+    bf16 activations on the CPU)."""
+    gate_up = gate_up_proj(x)
+    kernels = decode_kernels(gate_up, torch.bfloat16) if gate_up.dim() == 2 and gate_up.stride(-1) == 1 else None
+    if kernels is not None:
+        return down_proj(kernels.silu_mul(gate_up))
+    gate, up = gate_up.split(intermediate_size, dim=-1)
     return down_proj(F.silu(gate) * up)
 
 

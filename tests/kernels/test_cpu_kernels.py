@@ -185,3 +185,41 @@ def test_int4_layers_fall_back_to_torchs_kernel(monkeypatch):
     reference = F.linear(x.bfloat16().float(), layer.dequantized_weight())
     assert ((layer(x) - reference).abs() <= reference.abs() * 2**-8 + 1e-5).all()
     assert ((layer.dequantized_weight() - weight).abs() <= 0.05).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_qkv_rotates_like_apply_rope_and_writes_the_cache_slots(dtype):
+    from speclm.models.layers import apply_rope
+
+    g = torch.Generator().manual_seed(7)
+    n, heads, kv_heads, d = 3, 4, 2, 64
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * d, generator=g).to(dtype)
+    angles = torch.rand(n, d // 2, generator=g) * 6
+    cos = torch.cat([angles.cos(), angles.cos()], -1)
+    signed_sin = torch.cat([-angles.sin(), angles.sin()], -1)
+    k_cache, v_cache = torch.zeros(kv_heads, 10, d), torch.zeros(kv_heads, 10, d)
+    slots = torch.tensor([7, 2, 5])
+    q = kernels.rope_qkv(qkv, cos, signed_sin, heads, kv_heads, k_cache, v_cache, slots)
+    parts = qkv.float().view(n, heads + 2 * kv_heads, d).transpose(0, 1)
+    rotated = apply_rope(parts[: heads + kv_heads], cos, signed_sin)
+    torch.testing.assert_close(q, rotated[:heads], rtol=0, atol=1e-6)
+    torch.testing.assert_close(k_cache[:, slots], rotated[heads:], rtol=0, atol=1e-6)
+    assert torch.equal(v_cache[:, slots], parts[heads + kv_heads :])
+    untouched = torch.ones(10, dtype=torch.bool)
+    untouched[slots] = False
+    assert not k_cache[:, untouched].any() and not v_cache[:, untouched].any()
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        kernels.rope_qkv(qkv, cos, signed_sin, heads, kv_heads, k_cache, v_cache, torch.tensor([0, 1, 10]))
+
+
+@needs_kernels
+@pytest.mark.parametrize("width", [1536, 172])  # 172: a tail shorter than a vector (stories260K)
+def test_silu_mul_matches_torchs_bf16_ops(width):
+    g = torch.Generator().manual_seed(8)
+    gate_up = (torch.randn(4, 2 * width, generator=g) * 4).bfloat16()
+    gate, up = gate_up.split(width, dim=-1)
+    reference = F.silu(gate) * up
+    out = kernels.silu_mul(gate_up)
+    # silu's exp differs from torch's in the last float bits; after the bf16 roundings: within one bf16 ulp
+    assert ((out.float() - reference.float()).abs() <= reference.float().abs() * 2**-7 + 1e-30).all()
