@@ -71,9 +71,13 @@ class W8A8Linear(nn.Module):
         if self.kernels is not None:
             q, scales = quantize_int8(w)
             pad = -self.out_features % 16  # whole blocks of 16 outputs; the padding's outputs are dropped
-            self.packed = pack_int8(torch.nn.functional.pad(q, (0, 0, 0, pad)))
-            self.weight_scales = torch.nn.functional.pad(scales.float(), (0, pad)).contiguous()
-            self.weight_sums = torch.nn.functional.pad(q.sum(dim=1, dtype=torch.int32), (0, pad))
+            sums = q.sum(dim=1, dtype=torch.int32)
+            if pad:
+                q, scales, sums = (torch.nn.functional.pad(t, (0, 0, 0, pad) if t.dim() == 2 else (0, pad))
+                                   for t in (q, scales, sums))
+            self.packed = pack_int8(q)
+            self.weight_scales = scales.float().contiguous()
+            self.weight_sums = sums
             return
         self.packed = torch.ops.quantized.linear_prepack(_quantized_int8_weight(w), None)
         self._rows = torch.zeros(1, self.in_features)  # row 0: the +1/-1 pin, then the scaled input rows
