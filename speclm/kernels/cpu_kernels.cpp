@@ -515,13 +515,20 @@ at::Tensor w8a8_matmul(const at::Tensor&, const at::Tensor&, const at::Tensor&, 
 
 bool w8a8_available() { return kInt8Available; }
 
+// The kernels release the GIL while they run (the server's event loop keeps serving).
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("attend_rows", &attend_rows, "one-query-at-a-time attention rows (see cpu_kernels.cpp)");
-  m.def("rms_norm", &rms_norm, "RMSNorm of fp32 rows, result in the weight's dtype");
-  m.def("rope_qkv", &rope_qkv, "rotate q and k of a QKV projection, write k and v to cache slots; returns q");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate/up projection, bf16");
-  m.def("int4_matmul", &int4_matmul, "bf16 x @ int4 weights (AVX-512 BF16), row-invariant");
+  m.def("attend_rows", &attend_rows, "one-query-at-a-time attention rows (see cpu_kernels.cpp)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("rms_norm", &rms_norm, "RMSNorm of fp32 rows, result in the weight's dtype",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("rope_qkv", &rope_qkv, "rotate q and k of a QKV projection, write k and v to cache slots; returns q",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate/up projection, bf16",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("int4_matmul", &int4_matmul, "bf16 x @ int4 weights (AVX-512 BF16), row-invariant",
+        py::call_guard<py::gil_scoped_release>());
   m.def("int4_available", &int4_available, "whether int4_matmul was compiled (AVX-512 BF16)");
-  m.def("w8a8_matmul", &w8a8_matmul, "fp32 x (int8 per row) @ int8 weights (AVX-512 VNNI), row-invariant");
+  m.def("w8a8_matmul", &w8a8_matmul, "fp32 x (int8 per row) @ int8 weights (AVX-512 VNNI), row-invariant",
+        py::call_guard<py::gil_scoped_release>());
   m.def("w8a8_available", &w8a8_available, "whether w8a8_matmul was compiled (AVX-512 VNNI)");
 }

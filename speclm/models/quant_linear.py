@@ -167,10 +167,9 @@ class Int4Linear(QuantizedLinear):
         self.group_size = group_size
         q, scales, mins = quantize_int4(weight.detach().float(), group_size)
         zeros = mins + 8 * scales  # the kernels compute (q - 8) * scale + zero
-        self.kernels = int4_kernels(weight.device)
-        self.layout = "speclm" if self.kernels is not None else "torch"
+        self.layout = "speclm" if int4_kernels(weight.device) is not None else "torch"
         pairs = torch.stack([scales, zeros], dim=-1).to(COMPUTE_DTYPE)  # [out, in/group, 2]
-        if self.kernels is not None:
+        if self.layout == "speclm":
             self.register_buffer("weight", pack_int4(q))
             # [out/16, in/group, 16, 2]: one output block's pairs in one stream (cpu_kernels.cpp)
             pairs = pairs.view(self.out_features // 16, 16, -1, 2).transpose(1, 2)
@@ -182,7 +181,7 @@ class Int4Linear(QuantizedLinear):
     def matmul_kernel(self) -> Callable[[torch.Tensor], torch.Tensor]:
         weight, group_size, scales_and_zeros = self.weight, self.group_size, self.scales_and_zeros
         if self.layout == "speclm":
-            op = self.kernels.int4_matmul
+            op = int4_kernels(self.weight.device).int4_matmul  # looked up, not stored: modules stay copyable
         else:
             op = torch.ops.aten._weight_int4pack_mm_for_cpu
         return lambda x: op(x, weight, group_size, scales_and_zeros)

@@ -67,8 +67,8 @@ class W8A8Linear(nn.Module):
         w = weight.detach().float()
         self.out_features, self.in_features = w.shape
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self.kernels = w8a8_kernels(w)
-        if self.kernels is not None:
+        self.on_kernel = w8a8_kernels(w) is not None  # speclm's kernel (a flag: modules stay copyable)
+        if self.on_kernel:
             q, scales = quantize_int8(w)
             pad = -self.out_features % 16  # whole blocks of 16 outputs; the padding's outputs are dropped
             sums = q.sum(dim=1, dtype=torch.int32)
@@ -85,8 +85,8 @@ class W8A8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out] fp32
         x, n = x.float(), x.shape[0]  # bf16 inputs (an int4 model's head) are upcast; fp32 is a no-op
-        if self.kernels is not None:
-            y = self.kernels.w8a8_matmul(x, self.packed, self.weight_scales, self.weight_sums)
+        if self.on_kernel:
+            y = cpu_kernels().w8a8_matmul(x, self.packed, self.weight_scales, self.weight_sums)
             if y.shape[1] != self.out_features:
                 y = y[:, : self.out_features]
             return y if self.bias is None else y + self.bias
@@ -102,7 +102,7 @@ class W8A8Linear(nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         """The fp32 [out, in] weight this layer multiplies by (activation rounding aside)."""
-        if self.kernels is not None:
+        if self.on_kernel:
             blocks, quads, _ = self.packed.shape
             q = self.packed.view(blocks, quads, 16, 4).transpose(1, 2).reshape(blocks * 16, quads * 4)
             return (q.float() * self.weight_scales[:, None])[: self.out_features]

@@ -223,3 +223,16 @@ def test_silu_mul_matches_torchs_bf16_ops(width):
     out = kernels.silu_mul(gate_up)
     # silu's exp differs from torch's in the last float bits; after the bf16 roundings: within one bf16 ulp
     assert ((out.float() - reference.float()).abs() <= reference.float().abs() * 2**-7 + 1e-30).all()
+
+
+def test_layers_on_the_kernels_can_be_deep_copied():
+    """The layers keep a flag, not the compiled module (which cannot be copied or pickled)."""
+    import copy
+
+    from speclm.models.quant_linear import Int4Linear
+    from speclm.models.w8a8_linear import W8A8Linear
+
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 64, generator=g)
+    for layer in (Int4Linear(torch.randn(32, 64, generator=g)), W8A8Linear(torch.randn(32, 64, generator=g))):
+        assert torch.equal(copy.deepcopy(layer)(x), layer(x))
