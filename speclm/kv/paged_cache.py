@@ -177,7 +177,8 @@ class PagedAttentionMetadata:
                 return attend_like_decoding(q, k_cache, v_cache, pooled)
             out = torch.empty_like(q)
             out[:, rows] = attend_like_decoding(q[:, rows], k_cache, v_cache, pooled)
-        else:  # int8 slots: each sequence's keys are gathered (and dequantized) once
+        else:  # int8 slots: each sequence's keys are gathered and dequantized (a completing prompt
+            # chunk's once more below for its other rows: once per prompt, not per decoded token)
             out = torch.empty_like(q)
             for rows, slots, local in self.sequences:
                 out[:, rows] = attend_like_decoding(q[:, rows], k_cache[:, slots], v_cache[:, slots], local)
