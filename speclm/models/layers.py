@@ -14,7 +14,7 @@ from torch import nn
 
 from speclm.kernels import cpu_kernels
 from speclm.models.config import ModelConfig
-from speclm.models.quant_linear import linear_kernel
+from speclm.models.quant_linear import Linear, linear_kernel
 
 
 _NORM_KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # weight dtypes speclm's rms_norm kernel takes
@@ -368,8 +368,8 @@ class Attention(nn.Module):
         q_size = config.num_heads * config.head_dim
         kv_size = config.num_kv_heads * config.head_dim
         self.split_sizes = [q_size, kv_size, kv_size]
-        self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.attention_output_bias)
+        self.qkv_proj = Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias)
+        self.o_proj = Linear(q_size, config.hidden_size, bias=config.attention_output_bias)
 
     def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         return self_attention(x, self.qkv_proj, self.o_proj, self.num_heads, self.num_kv_heads, self.head_dim,
@@ -382,8 +382,8 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return swiglu(x, self.gate_up_proj, self.down_proj, self.intermediate_size)

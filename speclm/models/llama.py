@@ -6,7 +6,9 @@ from torch import nn
 
 from speclm.kv.cache import KVCache
 from speclm.models.config import ModelConfig
-from speclm.models.layers import AttentionMetadata, DecoderLayer, LayerKernels, RMSNorm, RotaryEmbedding, decoder_layer
+from speclm.models.layers import (AttentionMetadata, DecoderLayer, LayerKernels, RMSNorm, RotaryEmbedding, TensorFn,
+                                  decoder_layer)
+from speclm.models.quant_linear import Linear, linear_kernel
 
 
 class LlamaModel(nn.Module):
@@ -23,10 +25,11 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.lean_kernels: list[LayerKernels] | None = None  # see use_lean_kernels
+        self.head_kernel: TensorFn | None = None
 
     @property
     def act_dtype(self) -> torch.dtype:
@@ -54,6 +57,7 @@ class LlamaModel(nn.Module):
         called again; `hidden_states` (training, calibration hooks) always goes through the modules.
         The engine's ModelRunner turns this on for the models it runs."""
         self.lean_kernels = [layer.kernels(lean=True) for layer in self.layers] if enabled else None
+        self.head_kernel = linear_kernel(self.lm_head) if enabled else None
 
     @torch.inference_mode()
     def forward(
@@ -95,4 +99,4 @@ class LlamaModel(nn.Module):
         """Logits [len(indices), vocab] for the selected rows of `hidden` (all rows if None), fp32."""
         if indices is not None:
             hidden = hidden[indices]
-        return self.lm_head(hidden).float()
+        return (self.head_kernel or self.lm_head)(hidden).float()

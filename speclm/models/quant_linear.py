@@ -98,7 +98,7 @@ class BF16Linear(QuantizedLinear):
         self.register_buffer("weight", weight.detach().to(COMPUTE_DTYPE).contiguous())
 
     def matmul_kernel(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        return functools.partial(F.linear, weight=self.weight)
+        return dense_kernel(self.weight, None)
 
     def dequantized_weight(self) -> torch.Tensor:
         return self.weight.float()
@@ -209,7 +209,7 @@ class Int4Linear(QuantizedLinear):
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: WeightFormat) -> nn.Module:
     """A linear layer in format `fmt` computing x @ weight.T + bias (weight [out, in])."""
     if fmt.name == "fp32":
-        layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+        layer = Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
         layer.weight = nn.Parameter(weight.detach(), requires_grad=False)  # dtype kept as given
         if bias is not None:
             layer.bias = nn.Parameter(bias.detach(), requires_grad=False)
@@ -223,11 +223,36 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: WeightForm
     return Int4Linear(weight, bias, fmt.group_size)
 
 
+def dense_kernel(weight: torch.Tensor, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x @ weight.T + bias for an fp32 or bf16 weight [out, in], x in the weight's dtype; the result
+    in that dtype. On the CPU speclm's dense_matmul computes it (a row's result does not depend on the
+    other rows, which torch's GEMM does not promise: see cpu_kernels.cpp); elsewhere F.linear."""
+    kernels = cpu_kernels() if weight.device.type == "cpu" and weight.dtype in (torch.float32, COMPUTE_DTYPE) else None
+    if kernels is None:
+        return functools.partial(F.linear, weight=weight, bias=bias)
+    op, no_bias = kernels.dense_matmul, weight.new_empty(0, dtype=torch.float32)
+    bias = no_bias if bias is None else bias.detach().float().contiguous()
+    if weight.dtype == torch.float32:
+        return lambda x: op(x, weight, bias)
+    return lambda x: op(x, weight, bias).to(weight.dtype)
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose inference forward is dense_kernel (rows independent of each other); with
+    gradients wanted it is F.linear, so training and calibration are unchanged."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad):
+            return F.linear(x, self.weight, self.bias)
+        return dense_kernel(self.weight, self.bias)(x)
+
+
 def linear_kernel(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """`module`'s forward as a closure over its tensors where its type is known (nn.Linear and the
-    formats above), else the module itself: the same results without nn.Module dispatch."""
-    if type(module) is nn.Linear:
-        return functools.partial(F.linear, weight=module.weight, bias=module.bias)
+    """`module`'s inference forward as a closure over its tensors where its type is known (nn.Linear
+    and the formats above), else the module itself: no nn.Module dispatch, and rows independent of
+    each other (dense_kernel)."""
+    if type(module) in (nn.Linear, Linear):
+        return dense_kernel(module.weight, module.bias)
     if isinstance(module, QuantizedLinear):
         return module.kernel()
     return module
