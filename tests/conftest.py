@@ -5,11 +5,12 @@ import os
 
 import pytest
 
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared")
-STORIES_DIR = os.path.abspath(os.path.join(SHARED, "models", "stories260K"))
+from speclm.data import SPECBENCH_PROMPTS
+
+STORIES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "stories260K")  # see data/README.md
 STORIES_MODEL = os.path.join(STORIES_DIR, "stories260K.bin")
 STORIES_TOKENIZER = os.path.join(STORIES_DIR, "tok512.bin")
-SPECBENCH = os.path.abspath(os.path.join(SHARED, "prompts", "specbench_dev.jsonl"))
+SPECBENCH = SPECBENCH_PROMPTS
 STORIES_GOLDEN = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park."
 
 

@@ -18,6 +18,7 @@ from speclm.compress.data import calibration_windows, eval_windows, read_texts, 
 from speclm.compress.gptq import gptq
 from speclm.compress.model_io import load_with_tokenizer, rebuild
 from speclm.compress.rtn import QuantScheme, rtn
+from speclm.data import SPECBENCH_PROMPTS
 
 
 def layer_inputs(model, windows: torch.Tensor, layer_index: int) -> dict[str, torch.Tensor]:
@@ -31,7 +32,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None)
     p.add_argument("--tokenizer", default=None)
-    p.add_argument("--text", default=os.path.join("..", "shared", "prompts", "specbench_dev.jsonl"))
+    p.add_argument("--text", default=SPECBENCH_PROMPTS)
     p.add_argument("--layer", type=int, default=3)
     p.add_argument("--samples", default="8,32", help="calibration window counts to compare (256 tokens each)")
     a = p.parse_args()

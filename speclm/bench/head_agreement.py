@@ -25,8 +25,9 @@ from speclm.distill.data import DataSettings, TargetData, load_or_build
 from speclm.distill.objectives import EagleObjective
 from speclm.models.layers import AttentionMetadata
 from speclm.spec.heads import EagleHead, load_head
+from speclm.data import SPECBENCH_PROMPTS
 
-DEFAULT_PROMPTS = "../shared/prompts/specbench_dev.jsonl"
+DEFAULT_PROMPTS = SPECBENCH_PROMPTS
 
 
 @torch.inference_mode()

@@ -8,8 +8,9 @@ import sys
 
 from speclm.cli.common import add_model_args, load_llm
 from speclm.cli.serve import add_cache_args, cache_config
+from speclm.data import SPECBENCH_PROMPTS
 
-DEFAULT_PROMPTS = os.path.join("..", "shared", "prompts", "specbench_dev.jsonl")
+DEFAULT_PROMPTS = SPECBENCH_PROMPTS
 
 
 def register(sub) -> None:
@@ -27,7 +28,7 @@ def register(sub) -> None:
                    "kv: int8 vs full-precision KV cache (memory, greedy agreement, speed); "
                    "tree: cost of a token-tree verification pass vs a one-token pass, by node count")
     add_model_args(p)
-    p.add_argument("--prompts", default=DEFAULT_PROMPTS, help=f"Spec-Bench style JSONL (default {DEFAULT_PROMPTS})")
+    p.add_argument("--prompts", default=DEFAULT_PROMPTS, help="Spec-Bench style JSONL (default: the Spec-Bench dev prompts shipped with speclm)")
     p.add_argument("--methods", default="ar,ngram",
                    help="comma-separated: ar, ngram, ngram:MAX_N, layerskip:N, draft:PATH, medusa:PATH[,width=W], "
                    "eagle:PATH[,topk=T,beam=B,depth=D] (a key=value item is an option of the method before it; "

@@ -6,8 +6,9 @@ import json
 import os
 
 from speclm.cli.common import add_model_args
+from speclm.data import SPECBENCH_PROMPTS
 
-DEFAULT_PROMPTS = os.path.join("..", "shared", "prompts", "specbench_dev.jsonl")  # as `speclm bench`
+DEFAULT_PROMPTS = SPECBENCH_PROMPTS  # as `speclm bench`
 
 
 def register(sub) -> None:

@@ -8,6 +8,7 @@ import torch
 from speclm.distill.data import DataSettings
 from speclm.distill.run import DistillOptions, prepare, run_distill
 from speclm.distill.trainer import TrainConfig, Trainer, lr_factor, step_generator
+from tests.conftest import STORIES_TOKENIZER
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -77,8 +78,7 @@ def test_saved_draft_loads_in_speclm_and_transformers_with_equal_logits(stories_
     summary = run_distill(opts, stories_llm)
     assert summary["steps"] == 2 and os.path.exists(os.path.join(opts.out, "speclm_token_map.json"))
     ids = stories_llm.tokenizer.encode("Once upon a time, there was a little")
-    ours = LLM(opts.out, tokenizer=os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "models",
-                                                  "stories260K", "tok512.bin"))
+    ours = LLM(opts.out, tokenizer=STORIES_TOKENIZER)
     n = len(ids)
     hidden = ours.model(torch.tensor(ids), torch.arange(n), ours.model.new_cache(n),
                         __import__("speclm.models.layers", fromlist=["AttentionMetadata"]).AttentionMetadata(0, n))
