@@ -4,12 +4,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
+# Temperatures below this sample like greedy decoding: logits divided by them would only separate the
+# argmax further (and overflow float32 near 1e-37), so they are decoded as temperature 0 (as vLLM does).
+GREEDY_TEMPERATURE = 1e-5
+SEED_RANGE = (-(2**63), 2**64 - 1)  # any int64 or uint64; sample i of a request uses (seed + i) mod 2**64
+
 
 @dataclass
 class SamplingParams:
     """How to pick each next token and when to stop.
 
-    temperature: 0 for greedy (argmax), else logits are divided by it.
+    temperature: 0 (or below GREEDY_TEMPERATURE) for greedy (argmax), else logits are divided by it.
     top_k: keep the k most likely tokens (0 = no limit). top_p: nucleus mass in (0, 1].
     seed: makes sampling reproducible per request. stop: strings that end generation (excluded
     from the text). max_tokens: upper bound on generated tokens. ignore_eos: keep going past EOS.
@@ -26,19 +33,32 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not _is_int(self.top_k) or self.top_k < 0:
             raise ValueError(f"top_k must be a non-negative integer (0 disables it), got {self.top_k}")
-        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        # top_p is compared with float32 probabilities: it must stay positive in float32.
+        if not _is_number(self.top_p) or not (0.0 < self.top_p <= 1.0) or np.float32(self.top_p) <= 0:
+            raise ValueError(f"top_p must be in (0, 1] (and above 0 in float32), got {self.top_p}")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]):
+            raise ValueError(f"seed must be an integer in [-2**63, 2**64 - 1], got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop strings must be non-empty strings, got {self.stop!r}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE
+
+    def sample_seed(self, index: int) -> int | None:
+        """The generator seed of sample `index` of a request (None: no seed was given)."""
+        return None if self.seed is None else (self.seed + index) % 2**64
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -85,9 +85,9 @@ def test_bad_model_files(case, fragments, bad_files, capsys):
 
 
 @pytest.mark.parametrize("option, value, fragment", [
-    ("--temperature", "-0.5", "temperature must be >= 0, got -0.5"),
-    ("--top-p", "0", "top_p must be in (0, 1], got 0.0"),
-    ("--top-p", "1.5", "top_p must be in (0, 1], got 1.5"),
+    ("--temperature", "-0.5", "temperature must be a finite number >= 0, got -0.5"),
+    ("--top-p", "0", "top_p must be in (0, 1] (and above 0 in float32), got 0.0"),
+    ("--top-p", "1.5", "top_p must be in (0, 1] (and above 0 in float32), got 1.5"),
     ("--max-tokens", "0", "max_tokens must be an integer >= 1, got 0"),
     ("--top-k", "-1", "top_k must be a non-negative integer (0 disables it), got -1"),
     ("--threads", "0", "threads must be a positive integer, got 0"),
@@ -153,4 +153,4 @@ def test_cli_subprocess_bad_value_exits_2_without_traceback():
     )
     assert result.returncode == 2
     assert result.stdout == ""
-    assert result.stderr.strip() == "speclm generate: error: temperature must be >= 0, got -1.0"
+    assert result.stderr.strip() == "speclm generate: error: temperature must be a finite number >= 0, got -1.0"

@@ -18,6 +18,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from speclm.bench.report import output_paths, write_json
     from speclm.bench.serve_bench import markdown, run_level, serve_in_thread
     from speclm.cli.serve import build_app, cache_config
+    from speclm.server.config import ServerConfig
 
     try:
         levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
@@ -43,7 +44,7 @@ def run_serve(args: argparse.Namespace) -> int:
         served = llm if method == "ar" else llm.with_spec(method, args.k, not args.no_adaptive)
         label = "no speculation" if method == "ar" else f"{method} (K={args.k}{'' if args.no_adaptive else ', adaptive'})"
         results[label] = []
-        with serve_in_thread(build_app(served, config, model_name="bench")) as url:
+        with serve_in_thread(build_app(served, config, ServerConfig(model_name="bench"))) as url:
             asyncio.run(run_level(url, prompts, 1, 1, 4))  # warm-up
             for c in levels:
                 r = asyncio.run(run_level(url, prompts, c, args.requests or max(4, 2 * c), args.max_tokens))

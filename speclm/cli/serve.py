@@ -41,18 +41,51 @@ def cache_config(args: argparse.Namespace):
                        streaming_window=args.streaming_window, attention_sinks=args.attention_sinks)
 
 
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    from speclm.server.config import ServerConfig
+
+    d = ServerConfig()
+    g = p.add_argument_group("HTTP server")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    g.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    g.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/ endpoints and /metrics (/health stays open)")
+    g.add_argument("--metrics-open", action="store_true", help="serve /metrics without the API key")
+    g.add_argument("--served-model-name", default=None,
+                   help="model id /v1/models lists (default: the model file's name); requests naming another "
+                   "model are served by this one")
+    g.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
+                   help=f"larger request bodies get 413 (default {d.max_body_bytes})")
+    g.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="longer prompts get 400 (default: whatever fits the model's context)")
+    g.add_argument("--max-n", type=int, default=d.max_n, help=f"most samples per request (default {d.max_n})")
+    g.add_argument("--max-stop", type=int, default=d.max_stop, help=f"most stop strings per request (default {d.max_stop})")
+    g.add_argument("--max-concurrent-requests", type=int, default=d.max_concurrent_requests,
+                   help=f"generation requests in flight at once; more get 429 (default {d.max_concurrent_requests})")
+    g.add_argument("--drain-seconds", type=float, default=d.drain_seconds,
+                   help=f"on SIGTERM, time in-flight requests get to finish before they are cancelled "
+                   f"(default {d.drain_seconds:g})")
+
+
+def server_config(args: argparse.Namespace, model_name: str):
+    from speclm.server.config import ServerConfig
+
+    return ServerConfig(model_name=model_name, api_key=args.api_key, metrics_open=args.metrics_open,
+                        max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
+                        max_n=args.max_n, max_stop=args.max_stop, max_concurrent_requests=args.max_concurrent_requests,
+                        drain_seconds=args.drain_seconds)
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "serve",
         help="serve the model over an OpenAI-compatible HTTP API",
         description="Continuous batching over a paged KV cache with prefix caching. Endpoints: /v1/models, "
-        "/v1/completions, /v1/chat/completions (SSE streaming), /health, /metrics (Prometheus).",
+        "/v1/completions, /v1/chat/completions (SSE streaming), /health, /metrics (Prometheus). A request that "
+        "fails inside the engine fails alone; if the engine loop itself dies the server exits with status 1.",
     )
     add_model_args(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ endpoints")
-    p.add_argument("--served-model-name", default=None, help="model id clients use (default: the model file's name)")
+    add_server_args(p)
     add_spec_args(p)
     p.add_argument("--spec-max-batch", type=int, default=8,
                    help="propose drafts only in steps with at most this many running sequences (default 8)")
@@ -64,17 +97,19 @@ def served_model_name(model_path: str) -> str:
     return os.path.splitext(os.path.basename(os.path.normpath(model_path)))[0]
 
 
-def build_app(llm, config, api_key: str | None = None, model_name: str | None = None, spec_max_batch: int = 8):
+def build_app(llm, cache, server=None, spec_max_batch: int = 8, on_fatal=None):
     """The FastAPI app serving `llm` (and its speculative config) with a batched engine; the engine
-    thread runs with the app."""
+    thread runs with the app. `server` is a ServerConfig (default: the model's file name as its id)."""
     from speclm.engine.async_engine import AsyncEngine
     from speclm.engine.batch_engine import BatchEngine
     from speclm.engine.model_runner import ModelRunner
     from speclm.server.app import create_app
+    from speclm.server.config import ServerConfig
 
-    engine = AsyncEngine(BatchEngine(ModelRunner(llm.model), llm.tokenizer, config, llm.spec, llm.new_proposer,
-                                     spec_max_batch))
-    return create_app(engine, llm.tokenizer, model_name or served_model_name(llm.model_path), api_key)
+    server = server or ServerConfig(model_name=served_model_name(llm.model_path))
+    engine = AsyncEngine(BatchEngine(ModelRunner(llm.model), llm.tokenizer, cache, llm.spec, llm.new_proposer,
+                                     spec_max_batch), on_fatal=on_fatal)
+    return create_app(engine, llm.tokenizer, server)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,10 +117,21 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
-    config = cache_config(args)  # validate before the slow model load
+    cache = cache_config(args)  # validate before the slow model load
+    server = server_config(args, args.served_model_name or "")
     llm = load_llm(args)
-    app = build_app(llm, config, args.api_key, args.served_model_name, args.spec_max_batch)
-    print(f"speclm serve: {app.state.engine.engine.block_manager.num_blocks} KV blocks of {config.block_size} tokens; "
+    server.model_name = args.served_model_name or served_model_name(llm.model_path)
+    uvicorn_server: uvicorn.Server | None = None
+
+    def on_fatal(error: BaseException) -> None:  # the engine loop died: stop serving, exit non-zero
+        print(f"speclm serve: error: the engine loop died ({error!r}); shutting down", file=sys.stderr)
+        if uvicorn_server is not None:
+            uvicorn_server.should_exit = True
+
+    app = build_app(llm, cache, server, args.spec_max_batch, on_fatal)
+    uvicorn_server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                                   timeout_graceful_shutdown=server.drain_seconds))
+    print(f"speclm serve: {app.state.engine.engine.block_manager.num_blocks} KV blocks of {cache.block_size} tokens; "
           f"listening on http://{args.host}:{args.port}", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-    return 0
+    uvicorn_server.run()
+    return 1 if app.state.engine.fatal is not None else 0

@@ -2,14 +2,24 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+import traceback
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from speclm.engine.batch_engine import BatchEngine, SequenceOutput
 from speclm.engine.request import Request
+
+
+class RequestFailedError(RuntimeError):
+    """The engine failed this request (a step raised while it ran); the engine goes on serving."""
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine is not running (shut down, or its loop died): no request can be served."""
 
 
 class EngineObserver(Protocol):
@@ -29,32 +39,51 @@ class _Stream:
     finished: set[int] = field(default_factory=set)
     last_time: dict[int, float] = field(default_factory=dict)
 
+    def put(self, item: SequenceOutput | BaseException | None) -> None:
+        """Hand an item to the waiting caller (thread-safe); a closed event loop has no caller left."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:
+            pass
+
 
 class AsyncEngine:
     """Thread-safe front of a BatchEngine: `generate` is an async iterator of SequenceOutputs.
 
     All engine calls happen on the engine thread; callers only post additions and aborts to an
-    inbox, so a step never races with a new request or a disconnect.
+    inbox, so a step never races with a new request or a disconnect. A step that raises fails the
+    requests that took part in it (RequestFailedError) and the loop goes on; if the loop itself
+    dies, every caller gets EngineStoppedError, `alive` turns False and `on_fatal` is called (the
+    server then exits non-zero so that a supervisor restarts it).
     """
 
-    def __init__(self, engine: BatchEngine, observer: EngineObserver | None = None) -> None:
+    def __init__(self, engine: BatchEngine, observer: EngineObserver | None = None,
+                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
         self.engine = engine
         self.observer = observer
+        self.on_fatal = on_fatal
         self._inbox: list[tuple[str, object]] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self.error: BaseException | None = None
+        self.fatal: BaseException | None = None  # why the loop died
+        self.num_failed_steps = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.fatal is None and self._thread is not None and self._thread.is_alive()
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
         if self._thread is None:
+            self._stopping = False
             self._thread = threading.Thread(target=self._run, name="speclm-engine", daemon=True)
             self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop the loop; requests still running are aborted and their callers get EngineStoppedError."""
         self._stopping = True
         self._wake.set()
         if self._thread is not None:
@@ -64,6 +93,8 @@ class AsyncEngine:
     # -- caller side (event loop) ------------------------------------------------------
     async def generate(self, request: Request, n: int = 1, prompt: str | None = None) -> AsyncIterator[SequenceOutput]:
         """Yield the request's outputs as steps commit them; aborts the request if the consumer leaves early."""
+        if not self.alive:
+            raise EngineStoppedError("the engine is not running")
         self.engine.check_prompt(request.prompt_ids)  # ValueError here, before anything is queued
         if not 1 <= n <= self.engine.config.max_num_seqs:
             raise ValueError(f"n must be in 1..{self.engine.config.max_num_seqs}, got {n}")
@@ -74,6 +105,7 @@ class AsyncEngine:
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
+                    done = True  # the engine side already dropped it
                     raise item
                 if item is None:
                     done = True
@@ -83,9 +115,6 @@ class AsyncEngine:
             if not done:
                 self._post("abort", request.request_id)
 
-    def abort(self, request_id: str) -> None:
-        self._post("abort", request_id)
-
     def _post(self, kind: str, payload: object) -> None:
         with self._lock:
             self._inbox.append((kind, payload))
@@ -93,20 +122,39 @@ class AsyncEngine:
 
     # -- engine thread -----------------------------------------------------------------
     def _run(self) -> None:
-        while not self._stopping:
+        try:
+            while not self._stopping:
+                self._drain_inbox()
+                if not self.engine.has_unfinished():
+                    self._wake.wait(0.5)
+                    self._wake.clear()
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    outputs = self.engine.step()
+                except Exception as e:  # a bug met by some request: fail those requests, keep serving
+                    self._fail_step(e)
+                    continue
+                self._dispatch(outputs, time.perf_counter() - t0)
+        except BaseException as e:  # the loop itself broke: nothing can be served any more
+            self.fatal = e
+            traceback.print_exc(file=sys.stderr)
+            if self.on_fatal is not None:
+                self.on_fatal(e)
+        finally:
             self._drain_inbox()
-            if not self.engine.has_unfinished():
-                self._wake.wait(0.5)
-                self._wake.clear()
-                continue
-            t0 = time.perf_counter()
-            try:
-                outputs = self.engine.step()
-            except Exception as e:  # a bug, not a user error: fail every waiting caller instead of hanging
-                self.error = e
-                self._fail_all(e)
-                return
-            self._dispatch(outputs, time.perf_counter() - t0)
+            for request_id in list(self._streams):
+                self.engine.abort(request_id)
+            self._fail_streams(list(self._streams), EngineStoppedError("the engine stopped"))
+
+    def _fail_step(self, error: Exception) -> None:
+        self.num_failed_steps += 1
+        print(f"speclm: error: an engine step failed; failing the requests in it ({error!r}):", file=sys.stderr)
+        traceback.print_exc(file=sys.stderr)
+        failed = self.engine.fail_running()
+        self._fail_streams(failed, RequestFailedError(f"the engine failed this request: {type(error).__name__}"))
+        if self.observer is not None:
+            self.observer.on_step(self.engine, [], 0.0)
 
     def _drain_inbox(self) -> None:
         with self._lock:
@@ -114,10 +162,13 @@ class AsyncEngine:
         for kind, payload in inbox:
             if kind == "add":
                 request, n, prompt, stream = payload
+                if self._stopping:
+                    stream.put(EngineStoppedError("the engine is stopping"))
+                    continue
                 try:
                     self.engine.add_request(request, n, prompt)
                 except ValueError as e:
-                    stream.loop.call_soon_threadsafe(stream.queue.put_nowait, e)
+                    stream.put(e)
                     continue
                 self._streams[request.request_id] = stream
             elif self._streams.pop(payload, None) is not None:
@@ -134,17 +185,18 @@ class AsyncEngine:
                 last = stream.last_time.get(out.index)
                 (itl if last is not None else ttft).append(now - (last if last is not None else stream.arrival))
                 stream.last_time[out.index] = now
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
+            stream.put(out)
             if out.finished:
                 stream.finished.add(out.index)
                 if len(stream.finished) == stream.n:
                     del self._streams[out.request_id]
-                    stream.loop.call_soon_threadsafe(stream.queue.put_nowait, None)
+                    stream.put(None)
         if self.observer is not None:
             self.observer.on_token_times(ttft, itl)
             self.observer.on_step(self.engine, outputs, seconds)
 
-    def _fail_all(self, error: BaseException) -> None:
-        for stream in self._streams.values():
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, RuntimeError(f"engine failed: {error!r}"))
-        self._streams.clear()
+    def _fail_streams(self, request_ids: list[str], error: BaseException) -> None:
+        for request_id in request_ids:
+            stream = self._streams.pop(request_id, None)
+            if stream is not None:
+                stream.put(error)

@@ -115,7 +115,9 @@ class BatchEngine:
 
     # -- requests ----------------------------------------------------------------------
     def check_prompt(self, prompt_ids: list[int]) -> None:
-        """ValueError when the prompt leaves no room for one generated token."""
+        """ValueError when the prompt is empty or leaves no room for one generated token."""
+        if not prompt_ids:
+            raise ValueError("the prompt is empty (no tokens): give at least one token")
         if len(prompt_ids) >= self.max_total_tokens:
             raise ValueError(f"prompt is {len(prompt_ids)} tokens but at most {self.max_total_tokens - 1} fit "
                              f"(context {self.runner.context_length}, KV cache "
@@ -133,11 +135,15 @@ class BatchEngine:
         if not 1 <= n <= self.config.max_num_seqs:
             raise ValueError(f"n must be in 1..{self.config.max_num_seqs}, got {n}")
         self.check_prompt(request.prompt_ids)
+        vocab = self.runner.config.vocab_size
+        if any(not 0 <= t < vocab for t in request.prompt_ids):
+            raise ValueError(f"prompt token ids must be in 0..{vocab - 1}")
         params, now = request.params, time.perf_counter()
         total = min(self.max_total_tokens, len(request.prompt_ids) + params.max_tokens)
         states = []
         for i in range(n):
-            seed = params.seed + i if params.seed is not None else random.getrandbits(63)
+            seed = params.sample_seed(i)
+            seed = seed if seed is not None else random.getrandbits(63)
             proposer = self.make_proposer(spec) if spec else None
             seq = Sequence(f"{request.request_id}#{i}", list(request.prompt_ids), total,
                            reuse_prefix=not wants_feature_history(proposer))
@@ -158,6 +164,16 @@ class BatchEngine:
         """Stop a request now and free its blocks (a client went away)."""
         for state in self._by_request.pop(request_id, []):
             self._drop(state)
+
+    def fail_running(self) -> list[str]:
+        """After a step raised: drop every request with a running sequence (all of them took part in
+        the batched step, so none can be trusted to continue) and free their blocks. Waiting requests
+        were not touched and go on. Returns the dropped request ids."""
+        failed = list(dict.fromkeys(self._states[s.seq_id].request.request_id for s in self.scheduler.running
+                                    if s.seq_id in self._states))
+        for request_id in failed:
+            self.abort(request_id)
+        return failed
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

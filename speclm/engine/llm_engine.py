@@ -58,6 +58,8 @@ class LLMEngine:
 
     def check_prompt(self, prompt_ids: list[int]) -> None:
         limit = self.runner.context_length
+        if not prompt_ids:
+            raise ValueError("the prompt is empty (no tokens): give at least one token")
         if len(prompt_ids) >= limit:
             raise ValueError(
                 f"prompt is {len(prompt_ids)} tokens but the model's context is {limit} tokens "
@@ -79,7 +81,8 @@ class LLMEngine:
         max_total = self.runner.context_length
         capacity = min(max_total, len(prompt_ids) + params.max_tokens + self.max_k + 1)
         cache = self.runner.new_cache(capacity)
-        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        seed = params.sample_seed(0)
+        seed = seed if seed is not None else random.getrandbits(63)
         generator = torch.Generator().manual_seed(seed)
         tracker = OutputTracker(self.tokenizer, prompt_ids, params, max_total)
         controller = SpeculationController(self.max_k, adaptive=self.adaptive,

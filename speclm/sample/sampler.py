@@ -18,7 +18,8 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
+    # Shifted so the largest is 0 before dividing: no overflow however small the temperature.
+    logits = (logits - logits.amax(-1, keepdim=True)) / params.temperature
     if 0 < params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [rows, 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -26,7 +27,9 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         mass_before = sorted_probs.cumsum(-1) - sorted_probs  # mass of strictly more likely tokens
-        sorted_probs = sorted_probs.masked_fill(mass_before >= params.top_p, 0.0)
+        drop = mass_before >= params.top_p
+        drop[..., 0] = False  # the most likely token always stays
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs

@@ -34,6 +34,7 @@ class ServerMetrics:
         self.accepted = Counter("speclm_spec_accepted_tokens", "Speculative tokens accepted, by draft position",
                                 ["position"], registry=r)
         self.steps = Counter("speclm_engine_steps", "Batched engine steps", registry=r)
+        self.in_flight = Gauge("speclm_num_requests_in_flight", "HTTP generation requests being served", registry=r)
 
     def on_step(self, engine: BatchEngine, outputs: list[SequenceOutput], seconds: float) -> None:
         self.steps.inc()
@@ -51,8 +52,10 @@ class ServerMetrics:
         for t in itl:
             self.itl.observe(t)
 
-    def update_engine(self, engine: BatchEngine) -> None:
-        """Refresh the gauges that mirror engine state."""
+    def update_engine(self, engine: BatchEngine, in_flight: int | None = None) -> None:
+        """Refresh the gauges that mirror engine state (and the server's requests in flight)."""
+        if in_flight is not None:
+            self.in_flight.set(in_flight)
         blocks = engine.block_manager
         self.running.set(len(engine.scheduler.running))
         self.waiting.set(len(engine.scheduler.waiting))

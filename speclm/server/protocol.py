@@ -1,11 +1,23 @@
-"""OpenAI-style request schemas (pydantic) and their translation to SamplingParams."""
+"""OpenAI-style request and response schemas (pydantic) and their translation to SamplingParams.
+
+Fields are strict: a string is not a boolean, 1.0 is not an integer, NaN is not a number. Numeric
+ranges are those SamplingParams enforces; requests outside them never reach the engine.
+"""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr
 
-from speclm.sampling_params import SamplingParams
+from speclm.sampling_params import SEED_RANGE, SamplingParams
+
+Number = Annotated[float, Strict()]  # an int or a float, not a string or a boolean
+TokenId = Annotated[int, Strict(), Field(ge=0)]
+NonEmptyStr = Annotated[str, Strict(), Field(min_length=1)]
+
+
+class StreamOptions(BaseModel):
+    include_usage: StrictBool = False
 
 
 class _GenerationRequest(BaseModel):
@@ -13,42 +25,127 @@ class _GenerationRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)  # not in OpenAI's API; vLLM accepts it too
-    n: int = Field(default=1, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    stream: bool = False
-    ignore_eos: bool = False
+    model: StrictStr | None = None
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    temperature: Number | None = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: Number | None = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: StrictInt = Field(default=0, ge=0, description="not in OpenAI's API (vLLM accepts it too); 0 = off")
+    n: StrictInt = Field(default=1, ge=1)
+    stop: NonEmptyStr | list[NonEmptyStr] | None = None
+    seed: StrictInt | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: StrictBool = False
 
-    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed,
-                              max_tokens=self.max_tokens or default_max_tokens, stop=stop, ignore_eos=self.ignore_eos)
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        """ValueError (with the field's name) for values SamplingParams rejects, e.g. a top_p that is 0 in float32."""
+        return SamplingParams(temperature=1.0 if self.temperature is None else float(self.temperature),
+                              top_k=self.top_k, top_p=1.0 if self.top_p is None else float(self.top_p),
+                              seed=self.seed, max_tokens=max_tokens, stop=self.stop_strings(),
+                              ignore_eos=self.ignore_eos)
 
 
 class CompletionRequest(_GenerationRequest):
     """POST /v1/completions: one prompt, as text or token ids."""
 
-    prompt: str | list[int] | list[str]
-    echo: bool = False
-    logprobs: int | None = None
+    prompt: StrictStr | Annotated[list[TokenId], Field(min_length=1)] | Annotated[list[StrictStr], Field(min_length=1, max_length=1)]
+    echo: StrictBool = False
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=5)
+    suffix: StrictStr | None = None
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: StrictStr
 
 
 class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str
+    content: StrictStr | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
 
 
 class ChatCompletionRequest(_GenerationRequest):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool = False
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+
+
+# -- responses (what the OpenAPI document promises; routes build them as dicts) -------------------
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
 
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,

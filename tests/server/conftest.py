@@ -15,14 +15,17 @@ def _tests_here_use_one_thread(one_thread):
 
 
 @contextmanager
-def running_server(llm, config=None, api_key=None, model_name="test-model"):
-    """Yield (base_url, app) for a server over `llm`; stops it (and its engine thread) afterwards."""
+def running_server(llm, config=None, api_key=None, model_name="test-model", on_fatal=None, **server):
+    """Yield (base_url, app) for a server over `llm` (`server`: ServerConfig fields); stops it (and its
+    engine thread) afterwards."""
     import uvicorn
 
     from speclm.cli.serve import build_app
     from speclm.config import CacheConfig
+    from speclm.server.config import ServerConfig
 
-    app = build_app(llm, config or CacheConfig(), api_key, model_name)
+    app = build_app(llm, config or CacheConfig(), ServerConfig(model_name=model_name, api_key=api_key, **server),
+                    on_fatal=on_fatal)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

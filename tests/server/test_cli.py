@@ -37,3 +37,56 @@ def test_bench_kv_reports_memory_and_agreement(tmp_path):
     rows = json.loads((tmp_path / "kv_int8.json").read_text())["results"]
     assert rows["auto"]["identical_outputs"] == 1.0 and rows["auto"]["mean_agreeing_prefix"] == 8
     assert rows["int8"]["kv_bytes_per_token"] * 32 == rows["auto"]["kv_bytes_per_token"] * 12
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sigterm_drains_in_flight_requests_and_exits(tmp_path):
+    """A real `speclm serve` process: a request in flight when SIGTERM arrives still completes (drained),
+    and the process exits within seconds."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    import httpx
+
+    port = _free_port()
+    cmd = [sys.executable, "-m", "speclm", "serve", *STORIES, "--port", str(port), "--drain-seconds", "5"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # never blocks the server
+    reader.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while not any("listening on" in line for line in lines):
+            assert proc.poll() is None and time.monotonic() < deadline, lines
+            time.sleep(0.05)
+        while httpx.get(f"{url}/health").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        result = {}
+        body = {"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "temperature": 0}
+        sender = threading.Thread(target=lambda: result.update(r=httpx.post(f"{url}/v1/completions", json=body,
+                                                                             timeout=30)))
+        sender.start()
+        time.sleep(0.05)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        # uvicorn re-raises SIGTERM once it has shut down gracefully, so the status is 0 or -SIGTERM
+        assert proc.wait(timeout=20) in (0, -signal.SIGTERM)
+        assert time.monotonic() - t0 < 10
+        sender.join(10)
+        assert result["r"].status_code == 200 and result["r"].json()["usage"]["completion_tokens"] > 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -1,0 +1,180 @@
+"""Between the routes and the engine: check a request against the limits, submit it, and turn the
+engine's outputs into OpenAI bodies (whole, or as server-sent events)."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from speclm.engine.async_engine import AsyncEngine, EngineStoppedError, RequestFailedError
+from speclm.engine.batch_engine import SequenceOutput
+from speclm.engine.request import Request as EngineRequest
+from speclm.server.config import ServerConfig
+from speclm.server.errors import APIError
+from speclm.server.metrics import ServerMetrics
+from speclm.server.protocol import ChatMessage, _GenerationRequest
+from speclm.tokenizer import Tokenizer
+
+DISCONNECT_POLL_SECONDS = 0.25  # how often a non-streaming request checks that its client is still there
+
+
+@dataclass
+class Submission:
+    """A request handed to the engine: its id, prompt ids and the engine's outputs for it."""
+
+    request_id: str
+    prompt_ids: list[int]
+    outputs: AsyncIterator[SequenceOutput]
+
+
+class GenerationService:
+    """One per app: holds the engine, tokenizer, limits and metrics that the routes share."""
+
+    def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, config: ServerConfig, metrics: ServerMetrics) -> None:
+        self.engine, self.tokenizer, self.config, self.metrics = engine, tokenizer, config, metrics
+        self.created = int(time.time())
+        self.in_flight = 0
+        self._ids = itertools.count()
+
+    # -- prompts (tokenized in a worker thread: a long prompt must not stall the event loop) -------
+    async def encode_text(self, text: str, param: str = "prompt") -> list[int]:
+        _check_unicode(text, param)
+        return await run_in_threadpool(self.tokenizer.encode, text)
+
+    async def encode_chat(self, messages: list[ChatMessage]) -> list[int]:
+        dicts = [{"role": m.role, "content": m.text()} for m in messages]
+        for i, d in enumerate(dicts):
+            _check_unicode(d["content"], f"messages.{i}.content")
+        try:
+            return await run_in_threadpool(self.tokenizer.encode_chat, dicts)
+        except ValueError as e:
+            raise APIError(400, str(e), param="messages") from e
+
+    # -- submission ----------------------------------------------------------------------------
+    def submit(self, body: _GenerationRequest, prompt_ids: list[int], prompt: str | None,
+               max_tokens: int | None) -> Submission:
+        """Check everything the engine would choke on, then queue the request (nothing is queued on error)."""
+        if not self.engine.alive:
+            raise APIError(503, "the engine is not running", "server_error", code="engine_unavailable")
+        if self.in_flight >= self.config.max_concurrent_requests:
+            raise APIError(429, f"too many requests in flight (limit {self.config.max_concurrent_requests}); "
+                           "retry later", "rate_limit_error", code="rate_limit_exceeded")
+        engine = self.engine.engine
+        self._check_limits(body, prompt_ids)
+        vocab = engine.runner.config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise APIError(400, f"prompt token ids must be in 0..{vocab - 1}", param="prompt")
+        try:
+            engine.check_prompt(prompt_ids)
+        except ValueError as e:
+            raise APIError(400, str(e), param="prompt", code="context_length_exceeded") from e
+        try:
+            params = body.sampling_params(max_tokens or engine.max_total_tokens - len(prompt_ids))
+        except ValueError as e:
+            raise APIError(400, str(e), param=str(e).split(" ", 1)[0]) from e
+        request_id = f"{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        outputs = self.engine.generate(EngineRequest(request_id, prompt_ids, params), body.n, prompt)
+        self.metrics.prompt_tokens.inc(len(prompt_ids))
+        return Submission(request_id, prompt_ids, self._counted(outputs))
+
+    def _check_limits(self, body: _GenerationRequest, prompt_ids: list[int]) -> None:
+        c, engine = self.config, self.engine.engine
+        max_n = min(c.max_n, engine.config.max_num_seqs)
+        if body.n > max_n:
+            raise APIError(400, f"n must be at most {max_n}, got {body.n}", param="n")
+        stops = body.stop_strings()
+        if len(stops) > c.max_stop:
+            raise APIError(400, f"at most {c.max_stop} stop strings, got {len(stops)}", param="stop")
+        if any(not s or len(s) > c.max_stop_chars for s in stops):
+            raise APIError(400, f"stop strings must be 1..{c.max_stop_chars} characters", param="stop")
+        for s in stops:
+            _check_unicode(s, "stop")
+        if not prompt_ids:
+            raise APIError(400, "the prompt is empty (it encodes to no tokens)", param="prompt")
+        if c.max_prompt_tokens is not None and len(prompt_ids) > c.max_prompt_tokens:
+            raise APIError(400, f"prompt is {len(prompt_ids)} tokens; this server accepts at most "
+                           f"{c.max_prompt_tokens}", param="prompt", code="context_length_exceeded")
+
+    async def _counted(self, outputs: AsyncIterator[SequenceOutput]) -> AsyncIterator[SequenceOutput]:
+        self.in_flight += 1
+        try:
+            async for out in outputs:
+                yield out
+        finally:
+            self.in_flight -= 1
+            await outputs.aclose()
+
+    # -- results ---------------------------------------------------------------------------------
+    async def collect(self, submission: Submission, raw: Request) -> dict[int, SequenceOutput]:
+        """Every sample's final output; the request is aborted as soon as the client is gone."""
+        finals: dict[int, SequenceOutput] = {}
+
+        async def consume() -> None:
+            async for out in submission.outputs:
+                if out.finished:
+                    finals[out.index] = out
+
+        task = asyncio.ensure_future(consume())
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
+            if not task.done() and await raw.is_disconnected():
+                task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            raise APIError(499, "client disconnected") from None
+        except Exception as e:
+            raise engine_error(e) from e
+        return finals
+
+    async def events(self, submission: Submission, render: Callable[[SequenceOutput], list[dict]],
+                     first: list[dict], last: Callable[[], list[dict]]) -> AsyncIterator[str]:
+        """Server-sent events: `first` payloads, render(out) per engine output, last() at the end,
+        then [DONE]. A failure after the stream started is sent as an error event, then [DONE]."""
+        try:
+            for payload in first:
+                yield sse(payload)
+            async for out in submission.outputs:
+                for payload in render(out):
+                    yield sse(payload)
+            for payload in last():
+                yield sse(payload)
+        except Exception as e:
+            yield sse(engine_error(e).body())
+        yield sse("[DONE]")
+
+    def usage(self, prompt_ids: list[int], completion_tokens: int) -> dict:
+        return {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt_ids) + completion_tokens}
+
+
+def engine_error(e: Exception) -> APIError:
+    """The APIError a failure inside the engine is answered with."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, ValueError):
+        return APIError(400, str(e))
+    if isinstance(e, EngineStoppedError):
+        return APIError(503, str(e), "server_error", code="engine_unavailable")
+    if isinstance(e, RequestFailedError):
+        return APIError(500, str(e), "server_error")
+    return APIError(500, f"internal error: {type(e).__name__}", "server_error")
+
+
+def sse(payload: dict | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+def _check_unicode(text: str, param: str) -> None:
+    """Lone surrogates (legal in JSON's \\u escapes, not in UTF-8) cannot be tokenized: 400, not 500."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise APIError(400, f"{param} is not valid Unicode text ({e.reason} at position {e.start})", param=param) from e
