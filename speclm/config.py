@@ -15,7 +15,7 @@ HEAD_OPTIONS = {"medusa": {"width": 3}, "eagle": {"topk": 2, "beam": 2, "depth":
 class SpecConfig:
     """A parsed --spec value: method 'ngram' (prompt lookup), 'layerskip' (first N target layers as
     the draft), 'draft' (a separate model sharing the tokenizer), or 'medusa' / 'eagle' (draft heads
-    on the target's features, a directory written by speclm.spec.heads.save_head, drafting trees)."""
+    on the target's features, a directory written by speclm.speculative.heads.save_head, drafting trees)."""
 
     method: str
     argument: str | None = None

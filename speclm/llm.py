@@ -1,4 +1,4 @@
-"""The Python API: LLM(model=...).generate(prompts, SamplingParams(...))."""
+"""The Python API: LLM(model=...).generate(prompts, SamplingParams(...)), on the same engine as the server."""
 from __future__ import annotations
 
 import itertools
@@ -6,21 +6,16 @@ from collections.abc import Iterator
 
 import torch
 
-from speclm.config import HEAD_OPTIONS, SpecConfig
-from speclm.engine.llm_engine import LLMEngine, StreamChunk
+from speclm.config import CacheConfig, SpecConfig
+from speclm.engine.engine import Engine
 from speclm.engine.model_runner import ModelRunner
-from speclm.engine.request import Request, RequestOutput
+from speclm.engine.request import Request, RequestOutput, StreamChunk
 from speclm.models.checkpoint import ModelLoadError, build_model
 from speclm.models.llama import LlamaModel
 from speclm.models.loader import load_checkpoint
-from speclm.models.quant_linear import WeightFormat, convert_linear_layers
+from speclm.models.quant_linear import WeightFormat
 from speclm.sampling_params import SamplingParams
-from speclm.spec.draft_model import DraftModelProposer, load_token_map
-from speclm.spec.eagle import EagleProposer
-from speclm.spec.heads import load_head
-from speclm.spec.medusa import MedusaProposer
-from speclm.spec.ngram import NgramProposer
-from speclm.spec.proposer import Proposer
+from speclm.speculative.factory import ProposerFactory
 from speclm.tokenizer import Tokenizer, load_tokenizer
 
 Prompt = str | list[int]
@@ -32,9 +27,11 @@ class LLM:
     model: None (the default SmolLM2-135M-Instruct), a .gguf file, a Hugging Face model directory,
     a llama2.c .bin (with tokenizer=...), or a hub id (needs a network).
     spec: None, or 'ngram', 'layerskip:N', 'draft:PATH', 'medusa:PATH', 'eagle:PATH' (see
-    speclm.config.SPEC_METHODS_HELP for head options); num_speculative_tokens is K (the maximum
-    when adaptive; the node budget of medusa/eagle trees). weights: the runtime format of the linear layers, fp32 (default) | bf16 | int8 |
-    int4 | int4:GROUP (see speclm.models.quant_linear).
+    speclm.config.SPEC_METHODS_HELP for options); num_speculative_tokens is K (the maximum when
+    adaptive; the node budget of medusa/eagle trees). weights: the runtime format of the linear
+    layers (see speclm.models.quant_linear). cache: the paged KV cache the engine runs on.
+
+    generate() runs all its prompts together in one batch; each result equals that prompt run alone.
     """
 
     def __init__(
@@ -46,12 +43,14 @@ class LLM:
         adaptive: bool = True,
         threads: int | None = None,
         weights: str | None = None,
+        cache: CacheConfig | None = None,
     ) -> None:
         if threads is not None:
             if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
                 raise ValueError(f"threads must be a positive integer, got {threads!r}")
             torch.set_num_threads(threads)
         self.weights = WeightFormat.parse(weights)  # a bad value fails before the slow load
+        spec = SpecConfig.parse(spec, num_speculative_tokens, adaptive) if isinstance(spec, str) else spec
         checkpoint = load_checkpoint(model)
         self.model_path = checkpoint.source
         self.model: LlamaModel = build_model(checkpoint, weights=self.weights)
@@ -61,68 +60,25 @@ class LLM:
             raise ModelLoadError(
                 f"tokenizer has {self.tokenizer.vocab_size} tokens but the model only {self.model.config.vocab_size}"
             )
+        self.runner = ModelRunner(self.model)
+        self.proposers = ProposerFactory(self.model, self.weights)
+        self.cache_config = cache or CacheConfig()
         self._ids = itertools.count()
-        self._set_spec(SpecConfig.parse(spec, num_speculative_tokens, adaptive) if isinstance(spec, str) else spec)
+        self._set_spec(spec)
 
     def _set_spec(self, spec: SpecConfig | None) -> None:
+        if spec is not None:
+            self.proposers(spec)  # builds (and so checks) the proposer now, not at the first request
         self.spec = spec
-        proposer = self._make_proposer(spec) if spec else None
-        self.engine = LLMEngine(
-            ModelRunner(self.model),
-            self.tokenizer,
-            proposer,
-            spec.num_speculative_tokens if spec else 0,
-            spec.adaptive if spec else False,
-        )
+        self.engine = Engine(self.runner, self.tokenizer, self.cache_config, spec, self.proposers)
 
-    def with_spec(self, spec: str | SpecConfig | None, num_speculative_tokens: int = 4, adaptive: bool = True) -> "LLM":
-        """A new LLM sharing this one's weights and tokenizer, with another speculative method."""
+    def with_spec(self, spec: str | SpecConfig | None, num_speculative_tokens: int = 4, adaptive: bool = True) -> LLM:
+        """A new LLM sharing this one's weights, tokenizer and loaded proposers, with another speculative method."""
         other = object.__new__(LLM)
-        other.model_path, other.model, other.tokenizer = self.model_path, self.model, self.tokenizer
-        other.weights = self.weights
+        other.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("engine", "spec", "_ids")})
         other._ids = itertools.count()
         other._set_spec(SpecConfig.parse(spec, num_speculative_tokens, adaptive) if isinstance(spec, str) else spec)
         return other
-
-    def new_proposer(self, spec: SpecConfig) -> Proposer:
-        """A fresh proposer (own per-sequence state) for the batched engine; draft models and heads load once."""
-        if spec.method == "ngram":
-            return self._make_proposer(spec)
-        shared = getattr(self, "_draft_proposers", {})
-        self._draft_proposers = shared
-        if spec.label not in shared:
-            shared[spec.label] = self._make_proposer(spec)
-        template = shared[spec.label]
-        if spec.method in HEAD_OPTIONS:
-            return template.fresh()
-        return DraftModelProposer(template.model, num_layers=template.num_layers, name=template.name,
-                                  token_map=template.token_map)
-
-    def _make_proposer(self, spec: SpecConfig) -> Proposer:
-        if spec.method == "ngram":
-            return NgramProposer(max_n=int(spec.argument) if spec.argument else 4)
-        if spec.method == "layerskip":
-            n = int(spec.argument)
-            if not 1 <= n < self.model.config.num_layers:
-                raise ValueError(f"layerskip:{n} needs 1 <= N < {self.model.config.num_layers} (the model's layers)")
-            return DraftModelProposer(self.model, num_layers=n, name=spec.label)
-        if spec.method in HEAD_OPTIONS:
-            path, options = spec.head_path_and_options()
-            head = load_head(path, self.model.config)
-            if head.kind != spec.method:
-                raise ValueError(f"{path} holds a {head.kind} head, not a {spec.method} head; use {head.kind}:{path}")
-            # The head's layers run in the target's weight format (an fp32 head layer costs ~2 ms a row here).
-            convert_linear_layers(head, self.weights)
-            if spec.method == "medusa":
-                return MedusaProposer(self.model, head, name=spec.label, **options)
-            return EagleProposer(self.model, head, name=spec.label, **options)
-        draft = build_model(load_checkpoint(spec.argument), weights=self.weights)
-        if draft.config.vocab_size != self.model.config.vocab_size:
-            raise ValueError(
-                f"draft model {spec.argument} has vocabulary {draft.config.vocab_size}, "
-                f"the target {self.model.config.vocab_size}; they must share a tokenizer"
-            )
-        return DraftModelProposer(draft, name=spec.label, token_map=load_token_map(spec.argument, draft.config.vocab_size))
 
     # -- prompts -------------------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:
@@ -136,18 +92,30 @@ class LLM:
         """Complete each prompt (text or token ids); one RequestOutput per prompt, in order."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        return [
-            self.engine.generate(self._request(self.encode(p), params), p if isinstance(p, str) else None)
-            for p in prompts
-        ]
+        requests = [self._request(self.encode(p), params) for p in prompts]
+        texts = [p if isinstance(p, str) else None for p in prompts]
+        return [outputs[0] for outputs in self.engine.generate(requests, prompts=texts)]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[StreamChunk]:
         """Yield text chunks as they are generated; the last chunk's `output` holds the result."""
-        return self.engine.stream(self._request(self.encode(prompt), params), prompt if isinstance(prompt, str) else None)
+        return self._stream(self._request(self.encode(prompt), params), prompt if isinstance(prompt, str) else None)
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None) -> RequestOutput:
         """Answer a conversation ([{'role': 'user', 'content': ...}, ...]) with the chat template."""
-        return self.engine.generate(self._request(self.tokenizer.encode_chat(messages), params))
+        request = self._request(self.tokenizer.encode_chat(messages), params)
+        return self.engine.generate([request])[0][0]
 
     def stream_chat(self, messages: list[dict], params: SamplingParams | None = None) -> Iterator[StreamChunk]:
-        return self.engine.stream(self._request(self.tokenizer.encode_chat(messages), params))
+        return self._stream(self._request(self.tokenizer.encode_chat(messages), params), None)
+
+    def _stream(self, request: Request, prompt: str | None) -> Iterator[StreamChunk]:
+        self.engine.add_request(request, 1, prompt)
+        try:
+            while self.engine.has_unfinished():
+                for out in self.engine.step():
+                    if out.error is not None:
+                        raise out.error
+                    if out.token_ids or out.text or out.output is not None:
+                        yield StreamChunk(out.text, out.token_ids, out.output)
+        finally:  # a consumer that stops early leaves nothing running
+            self.engine.abort(request.request_id)

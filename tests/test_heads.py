@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from speclm.models.layers import AttentionMetadata
+from speclm.models.attention import AttentionMetadata
 from speclm.models.llama import LlamaModel
-from speclm.spec.heads import EagleHead, MedusaHeads, draft_lm_head, load_head, save_head
+from speclm.speculative.heads import EagleHead, MedusaHeads, draft_lm_head, load_head, save_head
 
 
 @pytest.fixture(scope="module")

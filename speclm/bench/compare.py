@@ -11,7 +11,7 @@ from collections import defaultdict
 import torch
 
 from speclm.llm import LLM
-from speclm.models.layers import AttentionMetadata
+from speclm.models.attention import AttentionMetadata
 from speclm.sampling_params import SamplingParams
 
 # A fixed text for perplexity (written for this benchmark, not from any data set).

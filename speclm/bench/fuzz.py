@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         report = fuzz_server(args.url, args.examples, args.seed)
     else:
         from speclm.bench.serve_bench import serve_in_thread
-        from speclm.cli.serve import build_app
+        from speclm.server.app import build_app
         from speclm.config import CacheConfig
         from speclm.llm import LLM
         from speclm.server.config import ServerConfig

@@ -19,12 +19,12 @@ from collections import defaultdict
 import torch
 
 from speclm.bench.machine import machine_info
-from speclm.bench.prompts import load_prompts
+from speclm.data import load_prompts
 from speclm.bench.report import write_json
 from speclm.distill.data import DataSettings, TargetData, load_or_build
 from speclm.distill.objectives import EagleObjective
-from speclm.models.layers import AttentionMetadata
-from speclm.spec.heads import EagleHead, load_head
+from speclm.models.attention import AttentionMetadata
+from speclm.speculative.heads import EagleHead, load_head
 from speclm.data import SPECBENCH_PROMPTS
 
 DEFAULT_PROMPTS = SPECBENCH_PROMPTS

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from speclm.bench.machine import machine_info
 from speclm.bench.report import write_json
 from speclm.kernels import cpu_kernels
-from speclm.models.layers import DecodeRows, attend_like_decoding
+from speclm.models.attention import DecodeRows, attend_like_decoding
 from speclm.models.quantizers import quantize_int4
 
 ROWS = (1, 5, 9)  # a decode row; verification of K = 4 and K = 8 drafts

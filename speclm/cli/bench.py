@@ -6,7 +6,7 @@ import os
 import shlex
 import sys
 
-from speclm.cli.common import add_model_args, load_llm
+from speclm.cli.common import add_model_args, load_llm, split_methods
 from speclm.cli.serve import add_cache_args, cache_config
 from speclm.data import SPECBENCH_PROMPTS
 
@@ -77,12 +77,14 @@ def run(args: argparse.Namespace) -> int:
 
         return run_kv(args)
     if args.mode == "tree":
-        from speclm.bench.tree_cost import run_tree
+        from speclm.bench.tree_cost import parse_sizes, run_tree
 
-        return run_tree(args)
+        sizes = parse_sizes(args)  # before the slow model load
+        args.spec = None
+        return run_tree(load_llm(args), sizes, args)
     args.name = args.name or "spec_bench"
     from speclm.bench.machine import machine_info
-    from speclm.bench.prompts import load_prompts
+    from speclm.data import load_prompts
     from speclm.bench.report import markdown_table, output_paths, plot_speedups, write_json
     from speclm.bench.spec_bench import aggregate, run_methods
     from speclm.sampling_params import SamplingParams
@@ -145,15 +147,3 @@ def run(args: argparse.Namespace) -> int:
     print(table)
     print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}", file=sys.stderr)
     return 0
-
-
-def split_methods(value: str) -> list[str]:
-    """--methods items; `key=value` items are options of the method before them
-    ("ar,eagle:DIR,topk=1" -> ["ar", "eagle:DIR,topk=1"])."""
-    methods: list[str] = []
-    for item in (m.strip() for m in value.split(",")):
-        if "=" in item and ":" not in item and methods:
-            methods[-1] += "," + item
-        elif item:
-            methods.append(item)
-    return methods

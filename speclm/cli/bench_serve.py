@@ -7,7 +7,7 @@ import os
 import shlex
 import sys
 
-from speclm.cli.common import load_llm
+from speclm.cli.common import load_llm, split_methods
 
 NOTE = ("Absolute numbers depend on what else the machine runs (this tool does not check); ratios between "
         "levels of the same run are the meaningful part.")
@@ -17,7 +17,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from speclm.bench.machine import machine_info
     from speclm.bench.report import output_paths, write_json
     from speclm.bench.serve_bench import markdown, run_level, serve_in_thread
-    from speclm.cli.serve import build_app, cache_config
+    from speclm.cli.serve import cache_config
+    from speclm.server.app import build_app
     from speclm.server.config import ServerConfig
 
     try:
@@ -36,7 +37,6 @@ def run_serve(args: argparse.Namespace) -> int:
     if room < 1:
         raise ValueError(f"--max-tokens {args.max_tokens} leaves no room for a prompt in the model's context")
     prompts = [p[-room:] for p in prompts]  # keep the end of over-long prompts (tiny-context models)
-    from speclm.cli.bench import split_methods
 
     methods = split_methods(args.methods) or ["ar"]  # keeps "eagle:DIR,topk=1" together
     results = {}
@@ -74,8 +74,7 @@ def run_kv(args: argparse.Namespace) -> int:
     from speclm.bench.machine import machine_info
     from speclm.bench.report import output_paths, write_json
     from speclm.cli.serve import cache_config
-    from speclm.engine.batch_engine import BatchEngine
-    from speclm.engine.model_runner import ModelRunner
+    from speclm.engine.engine import Engine
     from speclm.engine.request import Request
     from speclm.sampling_params import SamplingParams
 
@@ -89,10 +88,10 @@ def run_kv(args: argparse.Namespace) -> int:
     if window is not None:
         variants[f"streaming {window}"] = dataclasses.replace(config, streaming_window=window)
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
-    runner = ModelRunner(llm.model)
+    runner = llm.runner
     rows, outputs = {}, {}
     for dtype, variant in variants.items():
-        engine = BatchEngine(runner, llm.tokenizer, variant)
+        engine = Engine(runner, llm.tokenizer, variant)
         t0 = time.perf_counter()
         outs = engine.generate([Request(str(i), p, params) for i, p in enumerate(prompts)])
         seconds = time.perf_counter() - t0
@@ -136,7 +135,7 @@ def run_kv(args: argparse.Namespace) -> int:
 
 def load_llm_and_prompts(args: argparse.Namespace):
     """The model (without speculation) and the selected benchmark prompts as token ids."""
-    from speclm.bench.prompts import load_prompts
+    from speclm.data import load_prompts
 
     categories = args.categories.split(",") if args.categories else None
     texts = [p["text"] for p in load_prompts(args.prompts, args.per_category or None, categories)]

@@ -77,3 +77,15 @@ def stats_line(stats, spec_label: str | None) -> str:
             f"acceptance {100 * stats.acceptance_rate:.0f}%"
         )
     return line + "]"
+
+
+def split_methods(value: str) -> list[str]:
+    """--methods items; `key=value` items are options of the method before them
+    ("ar,eagle:DIR,topk=1" -> ["ar", "eagle:DIR,topk=1"])."""
+    methods: list[str] = []
+    for item in (m.strip() for m in value.split(",")):
+        if "=" in item and ":" not in item and methods:
+            methods[-1] += "," + item
+        elif item:
+            methods.append(item)
+    return methods

@@ -36,7 +36,7 @@ def run_gguf(args: argparse.Namespace) -> int:
     import os
 
     from speclm.compress.model_io import load_with_tokenizer
-    from speclm.models.gguf_export import export_gguf
+    from speclm.compress.gguf_export import export_gguf
 
     if not args.out.endswith(".gguf"):
         raise ValueError(f"--out must name a .gguf file, got {args.out!r}")

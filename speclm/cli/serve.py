@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from speclm.cli.common import add_model_args, add_spec_args, load_llm
@@ -93,27 +92,10 @@ def register(sub) -> None:
     p.set_defaults(run=run)
 
 
-def served_model_name(model_path: str) -> str:
-    return os.path.splitext(os.path.basename(os.path.normpath(model_path)))[0]
-
-
-def build_app(llm, cache, server=None, spec_max_batch: int = 8, on_fatal=None):
-    """The FastAPI app serving `llm` (and its speculative config) with a batched engine; the engine
-    thread runs with the app. `server` is a ServerConfig (default: the model's file name as its id)."""
-    from speclm.engine.async_engine import AsyncEngine
-    from speclm.engine.batch_engine import BatchEngine
-    from speclm.engine.model_runner import ModelRunner
-    from speclm.server.app import create_app
-    from speclm.server.config import ServerConfig
-
-    server = server or ServerConfig(model_name=served_model_name(llm.model_path))
-    engine = AsyncEngine(BatchEngine(ModelRunner(llm.model), llm.tokenizer, cache, llm.spec, llm.new_proposer,
-                                     spec_max_batch), on_fatal=on_fatal)
-    return create_app(engine, llm.tokenizer, server)
-
-
 def run(args: argparse.Namespace) -> int:
     import uvicorn
+
+    from speclm.server.app import build_app, served_model_name
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from speclm.models.layers import AttentionMetadata, DecoderLayer
+from speclm.models.attention import AttentionMetadata
+from speclm.models.layers import DecoderLayer
 from speclm.models.llama import LlamaModel
 
 # The Linear layers of a DecoderLayer in the built model; fused ones share one input.

@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from speclm.compress.calibration import LINEAR_NAMES
 from speclm.compress.rtn import QuantScheme, rtn
-from speclm.models.layers import AttentionMetadata
+from speclm.models.attention import AttentionMetadata
 from speclm.models.llama import LlamaModel
 
 

@@ -10,7 +10,8 @@ from speclm.compress.awq import awq_scale_layer
 from speclm.compress.calibration import LINEAR_NAMES, LayerwiseCalibration, hessian
 from speclm.compress.gptq import gptq
 from speclm.compress.model_io import FUSED_LINEARS, model_to_tensors, split_fused
-from speclm.compress.qformat import QUANT_METHOD, fp8_quantize, int_tensors
+from speclm.compress.qformat import fp8_quantize, int_tensors
+from speclm.models.qformat import QUANT_METHOD
 from speclm.compress.rtn import QuantizedWeight, QuantScheme, rtn
 from speclm.compress.smoothquant import smooth_layer
 from speclm.models.llama import LlamaModel

@@ -9,33 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
+from speclm.models.qformat import QuantScheme, dequantize, expand
 
-@dataclass(frozen=True)
-class QuantScheme:
-    """bits, group_size (0 = one group per output channel) and symmetric or asymmetric."""
-
-    bits: int
-    group_size: int = 0
-    sym: bool = True
-
-    def __post_init__(self) -> None:
-        if not 2 <= self.bits <= 8:
-            raise ValueError(f"bits must be in 2..8, got {self.bits}")
-        if self.group_size < 0:
-            raise ValueError(f"group size must be >= 0 (0 = per channel), got {self.group_size}")
-
-    @property
-    def maxq(self) -> int:
-        return 2**self.bits - 1
-
-    def num_groups(self, in_features: int) -> int:
-        return 1 if self.group_size == 0 else -(-in_features // self.group_size)
-
-    def group_width(self, in_features: int) -> int:
-        return in_features if self.group_size == 0 else self.group_size
-
-    def to_dict(self) -> dict:
-        return {"bits": self.bits, "group_size": self.group_size, "sym": self.sym}
+__all__ = ["QuantScheme", "QuantizedWeight", "dequantize", "expand", "find_params", "group_params", "rtn"]
 
 
 def find_params(w: torch.Tensor, scheme: QuantScheme) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,21 +33,10 @@ def group_params(w: torch.Tensor, scheme: QuantScheme) -> tuple[torch.Tensor, to
     return torch.stack([s for s, _ in params], dim=1), torch.stack([z for _, z in params], dim=1)
 
 
-def expand(params: torch.Tensor, in_features: int, scheme: QuantScheme) -> torch.Tensor:
-    """Per-group params [rows, groups] repeated to one per column [rows, in_features]."""
-    return params.repeat_interleave(scheme.group_width(in_features), dim=1)[:, :in_features]
-
-
 def quantize_to_int(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
     """Integers q [rows, cols] (uint8) for w with the given per-group params."""
     s, z = expand(scale, w.shape[1], scheme), expand(zero, w.shape[1], scheme)
     return torch.clamp(torch.round(w / s) + z, 0, scheme.maxq).to(torch.uint8)
-
-
-def dequantize(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
-    """fp32 weights (q - zero) * scale, [rows, cols]."""
-    s, z = expand(scale, q.shape[1], scheme), expand(zero, q.shape[1], scheme)
-    return (q.float() - z) * s
 
 
 def quantize_column(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, maxq: int) -> torch.Tensor:

@@ -13,9 +13,9 @@ from torch import nn
 from speclm.distill.data import TargetData
 from speclm.distill.losses import FeatureDistillation, distillation_loss, forward_kl, masked_mean
 from speclm.distill.student import training_hidden_states
-from speclm.models.layers import AttentionMetadata
+from speclm.models.attention import AttentionMetadata
 from speclm.models.llama import LlamaModel
-from speclm.spec.heads import EagleHead, MedusaHeads
+from speclm.speculative.heads import EagleHead, MedusaHeads
 
 
 class HeadSpace:

@@ -1,9 +1,9 @@
 """Training prompts for drafters: Spec-Bench prompts the benchmark does not use, plus our own."""
 from __future__ import annotations
 
-from speclm.bench.prompts import load_prompts
+from speclm.data import load_prompts
 
-# The benchmark (speclm/bench/prompts.py) takes the first N prompts of each category in file order;
+# The benchmark (speclm.data.load_prompts) takes the first N prompts of each category in file order;
 # N is at most this in every committed run, so training starts after them.
 BENCHMARK_PER_CATEGORY = 10
 
@@ -92,7 +92,7 @@ TOPIC_PROMPTS = [template.format(topic) for topic in TOPICS for template in TEMP
 
 
 def split_specbench(path: str, benchmark_per_category: int = BENCHMARK_PER_CATEGORY) -> tuple[list[str], list[str]]:
-    """(benchmark prompts, training prompts): the benchmark's own selection (speclm.bench.prompts,
+    """(benchmark prompts, training prompts): the benchmark's own selection (speclm.data.load_prompts,
     the first `benchmark_per_category` first turns of each category in file order), and the rest."""
     bench = load_prompts(path, per_category=benchmark_per_category)
     bench_ids = {p["id"] for p in bench}

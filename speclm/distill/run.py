@@ -15,7 +15,7 @@ from speclm.distill.student import init_draft_model, save_draft_model, trainable
 from speclm.distill.trainer import TrainConfig, Trainer
 from speclm.models.checkpoint import build_model
 from speclm.models.loader import load_checkpoint
-from speclm.spec.heads import EagleHead, MedusaHeads, save_head
+from speclm.speculative.heads import EagleHead, MedusaHeads, save_head
 
 STUDENTS = ("draft", "medusa", "eagle")
 

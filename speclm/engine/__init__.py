@@ -1,6 +1,6 @@
-"""Requests, the model runner and the decode loop."""
-from speclm.engine.llm_engine import LLMEngine, StreamChunk
+"""Requests, the scheduler, the model runner and the one engine that the Python API and the server drive."""
+from speclm.engine.engine import Engine, SequenceOutput
 from speclm.engine.model_runner import ModelRunner
-from speclm.engine.request import GenerationStats, Request, RequestOutput
+from speclm.engine.request import GenerationStats, Request, RequestOutput, StreamChunk
 
-__all__ = ["GenerationStats", "LLMEngine", "ModelRunner", "Request", "RequestOutput", "StreamChunk"]
+__all__ = ["Engine", "GenerationStats", "ModelRunner", "Request", "RequestOutput", "SequenceOutput", "StreamChunk"]

@@ -1,4 +1,4 @@
-"""Drives a BatchEngine from one background thread and hands each request's outputs to asyncio callers."""
+"""Drives an Engine from one background thread and hands each request's outputs to asyncio callers."""
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from speclm.engine.batch_engine import BatchEngine, SequenceOutput
+from speclm.engine.engine import Engine, SequenceOutput
 from speclm.engine.request import Request
 
 
@@ -25,7 +25,7 @@ class EngineStoppedError(RuntimeError):
 class EngineObserver(Protocol):
     """Receives engine events (the server's Prometheus metrics implement it)."""
 
-    def on_step(self, engine: BatchEngine, outputs: list[SequenceOutput], seconds: float) -> None: ...
+    def on_step(self, engine: Engine, outputs: list[SequenceOutput], seconds: float) -> None: ...
 
     def on_token_times(self, ttft: list[float], itl: list[float]) -> None: ...
 
@@ -48,7 +48,7 @@ class _Stream:
 
 
 class AsyncEngine:
-    """Thread-safe front of a BatchEngine: `generate` is an async iterator of SequenceOutputs.
+    """Thread-safe front of an Engine: `generate` is an async iterator of SequenceOutputs.
 
     All engine calls happen on the engine thread; callers only post additions and aborts to an
     inbox, so a step never races with a new request or a disconnect. A step that raises fails the
@@ -57,7 +57,7 @@ class AsyncEngine:
     server then exits non-zero so that a supervisor restarts it).
     """
 
-    def __init__(self, engine: BatchEngine, observer: EngineObserver | None = None,
+    def __init__(self, engine: Engine, observer: EngineObserver | None = None,
                  on_fatal: Callable[[BaseException], None] | None = None) -> None:
         self.engine = engine
         self.observer = observer
@@ -180,6 +180,10 @@ class AsyncEngine:
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
+                continue
+            if out.error is not None:  # the engine dropped this request alone; the others go on
+                self._fail_streams([out.request_id], RequestFailedError(
+                    f"the engine failed this request: {type(out.error).__name__}"))
                 continue
             if out.token_ids:
                 last = stream.last_time.get(out.index)

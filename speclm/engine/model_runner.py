@@ -5,74 +5,24 @@ import time
 
 import torch
 
-from speclm.kv.cache import KVCache
-from speclm.kv.paged_cache import BatchEntry, PagedAttentionMetadata, PagedKVCache
+from speclm.kv.paged_cache import PagedKVCache
 from speclm.kv.quantized import int8_bytes_per_token
-from speclm.models.layers import AttentionMetadata
+from speclm.models.attention import BatchEntry, PagedAttentionMetadata
 from speclm.models.llama import LlamaModel
-from speclm.spec.tree import TokenTree
 
 
 class ModelRunner:
-    """Runs the target model over new tokens of one sequence (or of a batch, through a paged cache)
-    and returns their logits."""
+    """Runs the target model over the new tokens of a batch of sequences through a paged cache and
+    returns their logits and features."""
 
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
-        model.use_lean_kernels()
+        model.use_lean_ops()
         self.config = model.config
 
     @property
     def context_length(self) -> int:
         return self.config.max_position_embeddings
-
-    def new_cache(self, capacity: int) -> KVCache:
-        return self.model.new_cache(capacity)
-
-    def _hidden(self, cache: KVCache, tokens: list[int], start: int, tree: TokenTree | None = None) -> torch.Tensor:
-        n = len(tokens)
-        if tree is None:
-            positions, meta = torch.arange(start, start + n), AttentionMetadata(start, n)
-        else:  # row r of a token tree sits at start + its depth and sees only its path
-            positions = start + torch.tensor(tree.depths())
-            meta = AttentionMetadata(start, n, paths=tree.row_paths())
-        return self.model(torch.tensor(tokens, dtype=torch.long), positions, cache, meta)  # [n, hidden]
-
-    def prefill(self, cache: KVCache, tokens: list[int]) -> float:
-        """Fill the cache with `tokens` from slot 0 (no logits needed); returns seconds."""
-        return self.prefill_features(cache, tokens)[1]
-
-    def prefill_features(self, cache: KVCache, tokens: list[int]) -> tuple[torch.Tensor, float]:
-        """prefill that also returns the tokens' features (hidden states after the final norm), [n, hidden]."""
-        t0 = time.perf_counter()
-        hidden = self._hidden(cache, tokens, 0)
-        cache.truncate(len(tokens))
-        return hidden, time.perf_counter() - t0
-
-    def forward(self, cache: KVCache, tokens: list[int], start: int) -> tuple[torch.Tensor, float]:
-        """Write `tokens` at cache slots start.. and return (logits [len(tokens), vocab], seconds).
-
-        The cache's committed length is left for the caller to set: speculative callers keep only
-        the accepted prefix.
-        """
-        logits, _, seconds = self.verify(cache, tokens, start)
-        return logits, seconds
-
-    def verify(
-        self, cache: KVCache, tokens: list[int], start: int, tree: TokenTree | None = None, logits: bool = True
-    ) -> tuple[torch.Tensor | None, torch.Tensor, float]:
-        """forward, also returning the features [len(tokens), hidden]. With `tree`, tokens are the
-        pending token then the tree's nodes, written at slots start.. in that order (commit a path
-        with KVCache.keep_slots). logits=False leaves them to `row_logits` (None returned)."""
-        t0 = time.perf_counter()
-        hidden = self._hidden(cache, tokens, start, tree)
-        out = self.model.compute_logits(hidden) if logits else None
-        return out, hidden, time.perf_counter() - t0
-
-    def row_logits(self, hidden: torch.Tensor) -> "RowLogits":
-        """Logits of single rows of `hidden` on demand (a tree walk needs only its path's rows)."""
-        return RowLogits(self.model, hidden)
-
 
     def new_paged_cache(self, num_blocks: int, block_size: int, quantize: bool = False) -> PagedKVCache:
         c, device = self.config, self.model.embed_tokens.weight.device
@@ -102,6 +52,10 @@ class ModelRunner:
         hidden = self.model(tokens, positions, cache, PagedAttentionMetadata(entries, device))
         logits = self.model.compute_logits(hidden, rows) if rows else hidden.new_zeros(0, self.config.vocab_size)
         return logits, hidden, time.perf_counter() - t0
+
+    def row_logits(self, hidden: torch.Tensor) -> RowLogits:
+        """Logits of single rows of `hidden` on demand (a tree walk needs only its path's rows)."""
+        return RowLogits(self.model, hidden)
 
 
 class RowLogits:

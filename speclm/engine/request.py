@@ -14,7 +14,7 @@ class GenerationStats:
     completion_tokens: int = 0
     seconds: float = 0.0
     prefill_seconds: float = 0.0
-    target_forwards: int = 0  # prefill included
+    target_forwards: int = 0  # every target pass the sequence took part in: prompt chunks (and recomputation) included
     decode_steps: int = 0  # target passes after prefill
     decode_tokens: int = 0  # tokens those passes committed
     drafted_tokens: int = 0
@@ -42,10 +42,9 @@ class GenerationStats:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
 
     def record_step(self, num_drafted: int, num_accepted: int, num_committed: int, depth: int | None = None) -> None:
-        """One verification pass; `depth` is a token tree's depth (per-position counts are per
-        depth then), None for a chain of num_drafted tokens."""
+        """One decoding step (a verification pass, or a plain one); `depth` is a token tree's depth
+        (per-position counts are per depth then), None for a chain of num_drafted tokens."""
         depth = num_drafted if depth is None else depth
-        self.target_forwards += 1
         self.decode_steps += 1
         self.decode_tokens += num_committed
         self.drafted_tokens += num_drafted
@@ -92,3 +91,12 @@ class RequestOutput:
             "finish_reason": self.finish_reason,
             "stats": self.stats.to_dict(),
         }
+
+
+@dataclass
+class StreamChunk:
+    """Text and tokens committed by one engine step for a streamed request; `output` is set on the last chunk."""
+
+    text: str
+    token_ids: list[int]
+    output: RequestOutput | None = None

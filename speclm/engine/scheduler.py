@@ -10,44 +10,15 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from speclm.engine.sequence import Sequence
 from speclm.kv.block_manager import BlockManager
 
 
 @dataclass
-class Sequence:
-    """One sequence of tokens being generated (a request has one per sample when n > 1).
-
-    `num_computed` tokens have their keys/values in the cache; the rest of `token_ids` (the
-    prompt, or the last sampled token) still has to run through the model.
-    """
-
-    seq_id: str
-    prompt_ids: list[int]
-    max_total_tokens: int  # prompt + generated tokens this sequence may reach
-    output_ids: list[int] = field(default_factory=list)
-    num_computed: int = 0
-    draft_tokens: list[int] = field(default_factory=list)  # speculative tokens to verify after the last one
-    num_preemptions: int = 0
-    finished: bool = False
-    reuse_prefix: bool = True  # False: compute the whole prompt even when cached blocks hold a prefix
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
-
-    @property
-    def num_uncomputed(self) -> int:
-        return self.num_tokens - self.num_computed
-
-
-@dataclass
 class ScheduledChunk:
-    """Run tokens (seq.token_ids + draft tokens)[start : start + num_tokens]; `start` equals
-    seq.num_computed; the last `num_drafts` of them are speculative."""
+    """Run tokens (seq.token_ids + its first num_drafts draft tokens)[start : start + num_tokens];
+    `start` equals seq.num_computed; the last `num_drafts` of them are speculative (granted by the
+    scheduler out of what the engine asked for)."""
 
     seq: Sequence
     start: int
@@ -114,9 +85,10 @@ class Scheduler:
             self.waiting.remove(seq)
         self.blocks.free(seq.seq_id)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, wanted_drafts: dict[str, int] | None = None) -> SchedulerOutput:
         """Pick this step's work: running sequences first (oldest first), then admit waiting ones,
-        then give what is left of the budget to speculative drafts.
+        then grant what is left of the budget to speculative drafts (`wanted_drafts`: seq_id -> how
+        many drafts the engine has for it).
 
         Drafts come last so that speculation never changes how prompts are chunked: a prefill's
         arithmetic depends on its chunks, and with bf16 activations a different chunking could flip
@@ -126,7 +98,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_uncomputed, budget)
+            n = min(seq.num_schedulable, budget)
             copies = self.blocks.ensure_slots(seq.seq_id, seq.num_computed, seq.num_computed + n)
             if copies is None:
                 # Out of blocks: recompute the newest running sequence later (maybe this one).
@@ -143,7 +115,7 @@ class Scheduler:
             seq = self.waiting[0]
             if not self.blocks.has(seq.seq_id):
                 seq.num_computed = self.blocks.allocate(seq.seq_id, seq.token_ids, seq.reuse_prefix)
-            n = min(seq.num_uncomputed, budget)
+            n = min(seq.num_schedulable, budget)
             copies = self.blocks.ensure_slots(seq.seq_id, seq.num_computed, seq.num_computed + n)
             if copies is None:
                 self.blocks.free(seq.seq_id)  # give the prefix blocks back; try again next step
@@ -156,30 +128,27 @@ class Scheduler:
             budget -= n
         # Drafts ride along with a sequence's last token, as the budget allows; when it runs short,
         # a rotating start lets every sequence have its turn.
+        wanted_drafts = wanted_drafts or {}
         turn = self._draft_turn % len(out.chunks) if out.chunks else 0
         self._draft_turn += 1
         for chunk in out.chunks[turn:] + out.chunks[:turn]:
-            drafts = chunk.seq.draft_tokens
-            if not chunk.completes:
-                drafts.clear()
+            granted = min(wanted_drafts.get(chunk.seq.seq_id, 0), budget)
+            if not granted or not chunk.completes:
                 continue
-            del drafts[budget:]
             end = chunk.start + chunk.num_tokens
-            copies = self.blocks.ensure_slots(chunk.seq.seq_id, end, end + len(drafts)) if drafts else []
+            copies = self.blocks.ensure_slots(chunk.seq.seq_id, end, end + granted)
             if copies is None:  # no free block for them: this step runs without drafts
-                drafts.clear()
                 continue
             out.copies += copies
-            chunk.num_tokens += len(drafts)
-            chunk.num_drafts = len(drafts)
-            budget -= len(drafts)
+            chunk.num_tokens += granted
+            chunk.num_drafts = granted
+            budget -= granted
         return out
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
         self.blocks.free(seq.seq_id)
         seq.num_computed = 0
-        seq.draft_tokens = []
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)

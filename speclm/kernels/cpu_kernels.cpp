@@ -163,10 +163,12 @@ AttendOne attend_one_for(int64_t head_dim) {
 }  // namespace
 
 // q [heads, n, head_dim], keys/values [kv_heads, num_slots, head_dim] (fp32, last dim contiguous).
-// Row i attends to lengths[i] keys: slots[i, :lengths[i]] when slots is [n, >= max length], else
-// keys 0..lengths[i]-1. Query head h reads kv head h / (heads / kv_heads). Returns [heads, n, head_dim].
+// Row i attends to lengths[i] keys: those at slots[r, :lengths[i]] with r = slot_rows[i] (or r = i when
+// slot_rows is empty) when slots is a table [rows, >= longest length], else keys 0..lengths[i]-1.
+// Rows of one sequence's causal chunk share one table row. Query head h reads kv head
+// h / (heads / kv_heads). Returns [heads, n, head_dim].
 at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-                       const at::Tensor& lengths, const at::Tensor& slots, double scale) {
+                       const at::Tensor& lengths, const at::Tensor& slots, const at::Tensor& slot_rows, double scale) {
   TORCH_CHECK(q.dim() == 3 && keys.dim() == 3 && values.dim() == 3, "attend_rows: 3-d q, keys, values");
   TORCH_CHECK(q.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat &&
                   values.scalar_type() == at::kFloat, "attend_rows: fp32 tensors");
@@ -183,10 +185,21 @@ at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& keys, const at::Te
     max_length = std::max(max_length, length_of[i]);
   }
   const bool indexed = slots.numel() > 0;
-  at::Tensor slots_c;
+  at::Tensor slots_c, rows_c;
+  std::vector<int64_t> table_row(n);
   if (indexed) {
     slots_c = slots.to(at::kLong).contiguous();
-    TORCH_CHECK(slots_c.dim() == 2 && slots_c.size(0) == n && slots_c.size(1) >= max_length, "attend_rows: slots [n, >= max length]");
+    TORCH_CHECK(slots_c.dim() == 2, "attend_rows: slots [rows, >= max length]");
+    const bool shared = slot_rows.numel() > 0;
+    if (shared) {
+      rows_c = slot_rows.to(at::kLong).contiguous();
+      TORCH_CHECK(rows_c.numel() == n, "attend_rows: one slot row per query row");
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      table_row[i] = shared ? rows_c.data_ptr<int64_t>()[i] : i;
+      TORCH_CHECK(table_row[i] >= 0 && table_row[i] < slots_c.size(0) && slots_c.size(1) >= length_of[i],
+                  "attend_rows: a row's slots are out of the table");
+    }
   } else {
     TORCH_CHECK(max_length <= keys.size(1), "attend_rows: a length exceeds the keys");
   }
@@ -209,7 +222,7 @@ at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& keys, const at::Te
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task / n, i = task % n;
       const int64_t kvh = h / group;
-      attend(qp + h * qs0 + i * qs1, kp + kvh * ks0, vp + kvh * ks0, ks1, sp ? sp + i * slot_row : nullptr,
+      attend(qp + h * qs0 + i * qs1, kp + kvh * ks0, vp + kvh * ks0, ks1, sp ? sp + table_row[i] * slot_row : nullptr,
                  length_of[i], head_dim, static_cast<float>(scale), scores.data(), op + (i * heads + h) * head_dim);
     }
   });

@@ -39,7 +39,7 @@ def load_hf_dir(path: str) -> Checkpoint:
     qconfig = raw.get("quantization_config")
     if qconfig:
         # Quantized speclm checkpoints become fp32 here; a runtime with int8/int4/fp8 linears would keep them packed.
-        from speclm.compress.qformat import dequantize_tensors
+        from speclm.models.qformat import dequantize_tensors
 
         tensors = dequantize_tensors(tensors, qconfig, path)
     tensors = {k: v.float() for k, v in tensors.items()}

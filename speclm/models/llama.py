@@ -5,10 +5,11 @@ import torch
 from torch import nn
 
 from speclm.kv.cache import KVCache
+from speclm.models.attention import AttentionMetadata, PagedAttentionMetadata, TensorFn
 from speclm.models.config import ModelConfig
-from speclm.models.layers import (AttentionMetadata, DecoderLayer, LayerKernels, RMSNorm, RotaryEmbedding, TensorFn,
-                                  decoder_layer)
-from speclm.models.quant_linear import Linear, linear_kernel
+from speclm.models.layers import DecoderLayer, LayerOps, RMSNorm, decoder_layer
+from speclm.models.quant_linear import Linear, linear_op
+from speclm.models.rope import RotaryEmbedding
 
 
 class LlamaModel(nn.Module):
@@ -28,20 +29,19 @@ class LlamaModel(nn.Module):
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.lean_kernels: list[LayerKernels] | None = None  # see use_lean_kernels
-        self.head_kernel: TensorFn | None = None
+        self.lean_ops: list[LayerOps] | None = None  # see use_lean_ops
+        self.head_op: TensorFn | None = None
 
     @property
     def act_dtype(self) -> torch.dtype:
-        """The dtype the layers compute in (and the KV cache stores): the norms' weight dtype. fp32
-        models: fp32. Quantized formats: bf16 (their kernels' input), with an fp32 residual stream."""
+        """The dtype the layers compute in: the norms' weight dtype. fp32 models: fp32. Quantized
+        formats: bf16 (their kernels' input), with an fp32 residual stream."""
         return self.norm.weight.dtype
 
     @property
     def attn_dtype(self) -> torch.dtype:
-        """The dtype of attention and the KV cache: fp32 on the CPU whatever the layers compute in
-        (this CPU has no bf16 arithmetic: a one-query bf16 SDPA over 128 keys took 123 us against
-        25 us in fp32, and 2 ms against 0.26 ms over 2048 keys), the layers' dtype elsewhere."""
+        """The dtype of attention and the KV cache: fp32 on the CPU whatever the layers compute in (CPUs
+        without bf16 arithmetic run bf16 attention many times slower), the layers' dtype elsewhere."""
         return torch.float32 if self.embed_tokens.weight.device.type == "cpu" else self.act_dtype
 
     def new_cache(self, capacity: int, num_layers: int | None = None) -> KVCache:
@@ -50,48 +50,47 @@ class LlamaModel(nn.Module):
         device = self.embed_tokens.weight.device
         return KVCache(num_layers or c.num_layers, c.num_kv_heads, c.head_dim, capacity, self.attn_dtype, device)
 
-    def use_lean_kernels(self, enabled: bool = True) -> None:
-        """Run `forward` (inference) through closures over the layers' tensors instead of nn.Module
-        calls: the same arithmetic, bit for bit, minus the dispatch (12-15% of an int4 decode step on
-        SmolLM2-135M here; see LayerKernels). Modules replaced or hooked after this call are not seen until it is
-        called again; `hidden_states` (training, calibration hooks) always goes through the modules.
-        The engine's ModelRunner turns this on for the models it runs."""
-        self.lean_kernels = [layer.kernels(lean=True) for layer in self.layers] if enabled else None
-        self.head_kernel = linear_kernel(self.lm_head) if enabled else None
+    def use_lean_ops(self, enabled: bool = True) -> None:
+        """Run `forward` (inference) and `compute_logits` through closures over the layers' tensors
+        instead of nn.Module calls: the same arithmetic, bit for bit, minus the dispatch. Modules
+        replaced or hooked after this call are not seen until it is called again; `hidden_states`
+        (training, calibration hooks) always goes through the modules. The engine turns this on."""
+        self.lean_ops = [layer.ops(lean=True) for layer in self.layers] if enabled else None
+        self.head_op = linear_op(self.lm_head) if enabled else None
 
     @torch.inference_mode()
     def forward(
         self,
         tokens: torch.Tensor,  # [num_tokens]
         positions: torch.Tensor,  # [num_tokens]
-        cache: KVCache,
-        meta: AttentionMetadata,
+        cache,  # KVCache or speclm.kv.paged_cache.PagedKVCache
+        meta: AttentionMetadata | PagedAttentionMetadata,
         num_layers: int | None = None,
     ) -> torch.Tensor:
         """Hidden states after the final norm, [num_tokens, hidden]. `num_layers` runs a prefix of
         the layers only (self-speculation); the final norm is applied either way."""
-        return self.hidden_states(tokens, positions, cache, meta, num_layers, self.lean_kernels)
+        return self.hidden_states(tokens, positions, cache, meta, num_layers, self.lean_ops)
 
     def hidden_states(
         self,
         tokens: torch.Tensor,  # [num_tokens]
         positions: torch.Tensor,  # [num_tokens]
-        cache: KVCache,
-        meta: AttentionMetadata,
+        cache,
+        meta: AttentionMetadata | PagedAttentionMetadata,
         num_layers: int | None = None,
-        kernels: list[LayerKernels] | None = None,
+        ops: list[LayerOps] | None = None,
     ) -> torch.Tensor:
         """`forward` without inference mode, so gradients flow (distillation trains through it
         with a fresh cache and AttentionMetadata(0, n), which is plain causal attention). The layers
-        run as `kernels` (one per layer) when given, else as their modules."""
+        run as `ops` (one per layer) when given, else as their modules."""
         x = self.embed_tokens(tokens)
         cos, sin = (t.to(self.attn_dtype) for t in self.rotary(positions))
         for i in range(num_layers or len(self.layers)):
             k_cache, v_cache = cache.layer(i)
-            if kernels is None:
+            if ops is None:
                 x = self.layers[i](x, cos, sin, k_cache, v_cache, meta)
             else:
-                x = decoder_layer(x, kernels[i], cos, sin, k_cache, v_cache, meta)
+                x = decoder_layer(x, ops[i], cos, sin, k_cache, v_cache, meta)
         return self.norm(x)
 
     @torch.inference_mode()
@@ -99,4 +98,4 @@ class LlamaModel(nn.Module):
         """Logits [len(indices), vocab] for the selected rows of `hidden` (all rows if None), fp32."""
         if indices is not None:
             hidden = hidden[indices]
-        return (self.head_kernel or self.lm_head)(hidden).float()
+        return (self.head_op or self.lm_head)(hidden).float()

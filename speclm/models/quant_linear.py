@@ -82,8 +82,8 @@ class QuantizedLinear(nn.Module):
         """x in its dtype -> y in the same dtype. The model feeds bf16 activations, so no cast runs."""
         return _quantized_forward(self.matmul_kernel(), self.bias, x)
 
-    def kernel(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """forward as a closure over this layer's tensors (no nn.Module dispatch; LayerKernels)."""
+    def op(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """forward as a closure over this layer's tensors (no nn.Module dispatch; LayerOps)."""
         return functools.partial(_quantized_forward, self.matmul_kernel(), self.bias)
 
     def extra_repr(self) -> str:
@@ -247,24 +247,22 @@ class Linear(nn.Linear):
         return dense_kernel(self.weight, self.bias)(x)
 
 
-def linear_kernel(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+def linear_op(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """`module`'s inference forward as a closure over its tensors where its type is known (nn.Linear
     and the formats above), else the module itself: no nn.Module dispatch, and rows independent of
     each other (dense_kernel)."""
     if type(module) in (nn.Linear, Linear):
         return dense_kernel(module.weight, module.bias)
     if isinstance(module, QuantizedLinear):
-        return module.kernel()
+        return module.op()
     return module
 
 
 def head_format(fmt: WeightFormat) -> WeightFormat:
-    """The lm_head's format under `fmt`: int4 models get a w8a8 head. GGUF heads/embeddings are
-    usually Q8_0, and int4 loses them (measured on SmolLM2-135M: argmax agreement with fp32 0.83
-    with an int4 head vs 0.98 with int8). Of the int8 kernels, fbgemm's (w8a8) reads the 49152x576
-    head at memory speed, 4x faster than int8 weight-only here (1 and 4 rows: 0.86/1.1 ms vs
-    3.9/5.4 ms), for +0.8% perplexity (SmolLM2, speclm's fixed text; still below fp32's). Torch
-    builds without fbgemm (ARM) keep the int8 weight-only head."""
+    """The lm_head's format under `fmt`: int4 models get a w8a8 head (int8 weights and per-row int8
+    activations). GGUF heads and embeddings are usually 8-bit, and 4 bits lose too much of them,
+    while the w8a8 kernel reads the head at memory speed (benchmarks/kernels.md). Torch builds
+    without fbgemm (ARM) keep the int8 weight-only head."""
     if fmt.name != "int4":
         return fmt
     return WeightFormat("w8a8") if w8a8_supported() else WeightFormat("int8")

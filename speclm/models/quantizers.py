@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-# The quantized kernels below are fast with bf16 activations and 5-20x slower with fp32 ones on
+# The quantized kernels below are fast with bf16 activations and much slower with fp32 ones on
 # this torch build (measured), so every non-fp32 format computes its matmul in bf16.
 COMPUTE_DTYPE = torch.bfloat16
 

@@ -1,10 +1,9 @@
 """W8A8: int8 weights and per-row int8 activations on fbgemm's int8 GEMM, batch-invariant. The lm_head
 of int4 models runs this way (quant_linear.head_format).
 
-Why: on this CPU (AVX-512 VNNI) fbgemm's prepacked int8 GEMM reads SmolLM2's 49152x576 head at
-memory speed: 0.86 ms for one row and 1.1 ms for four (cache-warm), against 3.9 and 5.4 ms for torch's
-int8 weight-only kernel, which is compute-bound here. (Whole models in w8a8 were measured too: their
-int8 layers read twice the bytes of int4 ones and decoded slower than int4, so only the head uses it.)
+Why: the int8 GEMM reads a large vocabulary's head at memory speed, several times faster than
+torch's int8 weight-only kernel, which is compute-bound on the CPU (benchmarks/kernels.md). Whole
+models in w8a8 read twice the bytes of int4 ones, so only the head uses it.
 
 How the activations are quantized, and why this keeps speculative greedy exact: fbgemm's dynamic
 op picks one (scale, zero point) for the whole input from its min and max, so a row's result would

@@ -1,88 +1,131 @@
-"""Exact speculative verification: accepted, recovered and bonus tokens.
+"""Exact speculative verification of a token tree (a chain is a tree with one child per node): the
+accepted path, then a recovered or a bonus token.
 
-Given target probabilities p and draft probabilities q over the same processed distribution, each
-draft token x is accepted with probability min(1, p(x)/q(x)); at the first rejection a *recovered*
-token is drawn from normalize(max(0, p - q)); when all K are accepted a *bonus* token is drawn from
-the target's distribution after the last draft. The output is distributed exactly as the target alone
-(Leviathan et al. 2023; Chen et al. 2023). Greedy verification accepts while the target's argmax agrees.
+Walk from the root, accepting at most one child per node. Greedy: follow the child equal to the
+target's argmax. Sampling is recursive rejection over the siblings of the current node with a running
+residual p' (starting at the target's processed p there):
+- deterministic candidates (no draft probabilities: n-grams, head top-k): accept child x with
+  probability p'(x), else set p'(x) = 0 and renormalise. This draws from p by asking "is it x1? else
+  is it x2? ..." and is exact for candidates chosen without looking at the target's randomness;
+- drafted candidates (x ~ q, siblings drawn independently from their parent's q): accept x with
+  probability min(1, p'(x)/q(x)), else p' = normalize(max(0, p' - q)) (SpecInfer's multi-round
+  speculative sampling). With one child per node this is the speculative sampling of Leviathan et
+  al. (2023) and Chen et al. (2023).
+When every child fails, the next token is drawn from p' (a *recovered* token); at a leaf it is drawn
+from the target's p there (a *bonus* token). The output is distributed exactly as the target alone.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from speclm.sample.sampler import processed_probs, sample_from_probs
+from speclm.sample.tree import TokenTree
 from speclm.sampling_params import SamplingParams
+
+RowLogits = Callable[[int], torch.Tensor]  # row -> target logits [vocab], computed on demand
 
 
 @dataclass
 class VerificationResult:
-    """`tokens` = the accepted draft tokens followed by one recovered token, or by a bonus token
-    when every draft was accepted (`bonus`)."""
+    """`tokens` = the accepted drafts followed by one recovered token, or by a bonus token when the
+    walk ended at a leaf (`bonus`); `path` = the accepted node indices from the root's child down."""
 
     tokens: list[int]
     num_accepted: int
     bonus: bool
+    path: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, tokens: list[int], path: list[int], bonus: bool) -> VerificationResult:
+        return cls(tokens, len(path), bonus, path)
 
 
 class RejectionSampler:
-    """Verifies K draft tokens against K+1 rows of target logits."""
+    """Verifies draft tokens (a tree, or a chain) against the target's logits of their rows (row 0 =
+    the pending token, row 1+i = draft node i)."""
 
     def verify(
         self,
-        target_logits: torch.Tensor,  # [K+1, vocab]
-        draft_tokens: list[int],  # K
-        draft_probs: torch.Tensor | None,  # [K, vocab] processed draft distribution; None = one-hot drafts
+        target_logits: torch.Tensor | RowLogits,  # [num_nodes + 1, vocab], or row -> [vocab]
+        tree: TokenTree,
+        draft_tokens: list[int],  # [num_nodes]
+        draft_probs: torch.Tensor | None,  # [num_nodes, vocab]: the q each node was drawn from; None = deterministic
         params: SamplingParams,
         generator: torch.Generator | None = None,
     ) -> VerificationResult:
-        k = len(draft_tokens)
-        assert target_logits.shape[0] == k + 1, (target_logits.shape, k)
+        assert tree.num_nodes == len(draft_tokens)
+        children = tree.children()
         if params.greedy:
-            return self._verify_greedy(target_logits, draft_tokens)
-        return self.verify_probs(processed_probs(target_logits, params), draft_tokens, draft_probs, generator)
-
-    @staticmethod
-    def _verify_greedy(target_logits: torch.Tensor, draft_tokens: list[int]) -> VerificationResult:
-        target_choice = target_logits.argmax(-1).tolist()  # [K+1]
-        n = 0
-        while n < len(draft_tokens) and draft_tokens[n] == target_choice[n]:
-            n += 1
-        return VerificationResult(draft_tokens[:n] + [target_choice[n]], n, 0 < n == len(draft_tokens))
-
-    def verify_probs(
-        self,
-        target_probs: torch.Tensor,  # [K+1, vocab]
-        draft_tokens: list[int],
-        draft_probs: torch.Tensor | None,  # [K, vocab] or None for deterministic (one-hot) drafts
-        generator: torch.Generator | None,
-    ) -> VerificationResult:
-        k = len(draft_tokens)
-        if k == 0:
-            return VerificationResult([int(sample_from_probs(target_probs[:1], generator))], 0, False)
-        rows = torch.arange(k)
-        drafted = torch.tensor(draft_tokens)
-        p_x = target_probs[rows, drafted]  # [K]
-        q_x = draft_probs[rows, drafted] if draft_probs is not None else torch.ones(k)
-        uniforms = torch.rand(k, generator=generator)
-        # u < p/q  <=>  u * q < p (q > 0 for a token the draft produced)
-        accepted = (uniforms * q_x < p_x).tolist()
-        n = accepted.index(False) if False in accepted else k
-        if n == k:
-            bonus = int(sample_from_probs(target_probs[k : k + 1], generator))
-            return VerificationResult(draft_tokens + [bonus], k, True)
-        recovered = int(sample_from_probs(self.residual(target_probs[n], draft_probs, draft_tokens, n)[None], generator))
-        return VerificationResult(draft_tokens[:n] + [recovered], n, False)
-
-    @staticmethod
-    def residual(p: torch.Tensor, draft_probs: torch.Tensor | None, draft_tokens: list[int], i: int) -> torch.Tensor:
-        """normalize(max(0, p - q)) at draft position i."""
-        if draft_probs is None:
-            r = p.clone()
-            r[draft_tokens[i]] = 0.0
+            if isinstance(target_logits, torch.Tensor):  # one argmax call for every row
+                choices = target_logits.argmax(-1).tolist()
+                choice_of: Callable[[int], int] = choices.__getitem__
+            else:
+                choice_of = lambda row: int(target_logits(row).argmax())  # noqa: E731
+            return self._walk_greedy(children, draft_tokens, choice_of)
+        if isinstance(target_logits, torch.Tensor):  # the processed p of every row in one call
+            probs = processed_probs(target_logits, params)
+            p_of: Callable[[int], torch.Tensor] = probs.__getitem__
         else:
-            r = (p - draft_probs[i]).clamp_min(0.0)
+            p_of = lambda row: processed_probs(target_logits(row)[None], params)[0]  # noqa: E731
+        return self._walk_sampled(children, draft_tokens, draft_probs, p_of, generator)
+
+    def verify_chain(self, target_logits: torch.Tensor, draft_tokens: list[int], draft_probs: torch.Tensor | None,
+                     params: SamplingParams, generator: torch.Generator | None = None) -> VerificationResult:
+        """verify for K drafts in a chain, against K+1 rows of logits."""
+        return self.verify(target_logits, TokenTree.chain(len(draft_tokens)), draft_tokens, draft_probs, params,
+                           generator)
+
+    def verify_probs(self, target_probs: torch.Tensor, draft_tokens: list[int], draft_probs: torch.Tensor | None,
+                     generator: torch.Generator | None = None) -> VerificationResult:
+        """A chain against already processed target probabilities [K+1, vocab]."""
+        children = TokenTree.chain(len(draft_tokens)).children()
+        return self._walk_sampled(children, draft_tokens, draft_probs, target_probs.__getitem__, generator)
+
+    @staticmethod
+    def _walk_greedy(children: list[list[int]], draft_tokens: list[int], choice_of: Callable[[int], int]
+                     ) -> VerificationResult:
+        path, row = [], 0
+        while True:
+            choice = choice_of(row)
+            nxt = next((c for c in children[row] if draft_tokens[c] == choice), None)
+            if nxt is None:
+                return VerificationResult.of([draft_tokens[c] for c in path] + [choice], path,
+                                             bool(path) and not children[row])
+            path.append(nxt)
+            row = nxt + 1
+
+    def _walk_sampled(self, children: list[list[int]], draft_tokens: list[int], draft_probs: torch.Tensor | None,
+                      p_of: Callable[[int], torch.Tensor], generator: torch.Generator | None) -> VerificationResult:
+        path, row = [], 0
+        while True:
+            residual = p_of(row)  # [vocab]: p at this row, then p-prime
+            nxt = None
+            for c in children[row]:
+                x = draft_tokens[c]
+                u = float(torch.rand(1, generator=generator))
+                q_x = 1.0 if draft_probs is None else float(draft_probs[c, x])
+                if u * q_x < float(residual[x]):  # u < p'(x) / q(x), q(x) > 0 for a drafted x
+                    nxt = c
+                    break
+                residual = self.residual(residual, None if draft_probs is None else draft_probs[c], x)
+            if nxt is None:
+                token = int(sample_from_probs(residual[None], generator))
+                return VerificationResult.of([draft_tokens[c] for c in path] + [token], path,
+                                             bool(path) and not children[row])
+            path.append(nxt)
+            row = nxt + 1
+
+    @staticmethod
+    def residual(p: torch.Tensor, q: torch.Tensor | None, x: int) -> torch.Tensor:
+        """The running distribution after candidate x (drawn from q; None = deterministic) failed."""
+        if q is None:
+            r = p.clone()
+            r[x] = 0.0
+        else:
+            r = (p - q).clamp_min(0.0)
         total = r.sum()
-        # Rejection implies p(x) < q(x), so some mass lies elsewhere; guard against fp underflow anyway.
+        # A rejection implies mass elsewhere (p'(x) < 1, or p' != q); guard against fp underflow anyway.
         return r / total if total > 0 else p

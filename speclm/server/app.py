@@ -2,11 +2,16 @@
 envelope (errors.py), and the engine thread started and stopped with the app."""
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
+from speclm.config import CacheConfig
 from speclm.engine.async_engine import AsyncEngine
+from speclm.engine.engine import Engine
 from speclm.server.config import ServerConfig
 from speclm.server.errors import install_error_handlers, openapi_with_error_responses
 from speclm.server.gate import Gate
@@ -14,6 +19,9 @@ from speclm.server.metrics import ServerMetrics
 from speclm.server.routes import router
 from speclm.server.service import GenerationService
 from speclm.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from speclm.llm import LLM
 
 
 def create_app(engine: AsyncEngine, tokenizer: Tokenizer, config: ServerConfig | None = None,
@@ -42,3 +50,17 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, config: ServerConfig |
     app.add_middleware(Gate, config=config, on_status=lambda path, status: metrics.requests.labels(path, str(status)).inc())
     app.openapi = lambda: openapi_with_error_responses(app)
     return app
+
+
+def served_model_name(model_path: str) -> str:
+    """The id a model is served under by default: its file or directory name."""
+    return os.path.splitext(os.path.basename(os.path.normpath(model_path)))[0]
+
+
+def build_app(llm: LLM, cache: CacheConfig, server: ServerConfig | None = None, spec_max_batch: int = 8,
+              on_fatal: Callable[[BaseException], None] | None = None) -> FastAPI:
+    """The app serving `llm` (its weights, tokenizer and speculative config) with an engine of its own
+    over `cache`; `server` defaults to the model's file name as its id."""
+    server = server or ServerConfig(model_name=served_model_name(llm.model_path))
+    engine = Engine(llm.runner, llm.tokenizer, cache, llm.spec, llm.proposers, spec_max_batch)
+    return create_app(AsyncEngine(engine, on_fatal=on_fatal), llm.tokenizer, server)

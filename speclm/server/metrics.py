@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from speclm.engine.batch_engine import BatchEngine, SequenceOutput
+from speclm.engine.engine import Engine, SequenceOutput
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -36,7 +36,7 @@ class ServerMetrics:
         self.steps = Counter("speclm_engine_steps", "Batched engine steps", registry=r)
         self.in_flight = Gauge("speclm_num_requests_in_flight", "HTTP generation requests being served", registry=r)
 
-    def on_step(self, engine: BatchEngine, outputs: list[SequenceOutput], seconds: float) -> None:
+    def on_step(self, engine: Engine, outputs: list[SequenceOutput], seconds: float) -> None:
         self.steps.inc()
         self.generation_tokens.inc(sum(len(o.token_ids) for o in outputs))
         for o in outputs:
@@ -52,7 +52,7 @@ class ServerMetrics:
         for t in itl:
             self.itl.observe(t)
 
-    def update_engine(self, engine: BatchEngine, in_flight: int | None = None) -> None:
+    def update_engine(self, engine: Engine, in_flight: int | None = None) -> None:
         """Refresh the gauges that mirror engine state (and the server's requests in flight)."""
         if in_flight is not None:
             self.in_flight.set(in_flight)

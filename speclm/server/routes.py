@@ -6,7 +6,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from speclm.engine.batch_engine import SequenceOutput
+from speclm.engine.engine import SequenceOutput
 from speclm.server.errors import ERROR_RESPONSES, APIError
 from speclm.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                     CompletionResponse, ModelList)

@@ -14,7 +14,7 @@ from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from speclm.engine.async_engine import AsyncEngine, EngineStoppedError, RequestFailedError
-from speclm.engine.batch_engine import SequenceOutput
+from speclm.engine.engine import SequenceOutput
 from speclm.engine.request import Request as EngineRequest
 from speclm.server.config import ServerConfig
 from speclm.server.errors import APIError

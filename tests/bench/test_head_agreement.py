@@ -3,7 +3,7 @@ import torch
 
 from speclm.bench.head_agreement import first_draft_agreement
 from speclm.distill.data import TargetData
-from speclm.spec.heads import EagleHead
+from speclm.speculative.heads import EagleHead
 
 
 class OracleHead(EagleHead):

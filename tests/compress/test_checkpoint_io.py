@@ -8,7 +8,7 @@ from speclm.cli import main
 from speclm.compress.model_io import load_with_tokenizer, model_to_tensors, rebuild
 from speclm.compress.quantize import QuantizeOptions, quantize_model
 from speclm.compress.save import save_checkpoint
-from speclm.models.layers import AttentionMetadata
+from speclm.models.attention import AttentionMetadata
 from speclm.models.loader import load_checkpoint
 from tests.conftest import SPECBENCH, STORIES_MODEL, STORIES_TOKENIZER
 

@@ -7,7 +7,7 @@ from speclm.cli import main
 from speclm.compress.data import calibration_windows, read_texts, tokenize_stream
 from speclm.compress.kv_calibration import calibrate_kv_scales, fake_quantize_kv
 from speclm.compress.model_io import load_with_tokenizer, rebuild
-from speclm.models.layers import AttentionMetadata
+from speclm.models.attention import AttentionMetadata
 from tests.conftest import SPECBENCH, STORIES_MODEL, STORIES_TOKENIZER
 
 

@@ -5,11 +5,14 @@ import torch
 from speclm.compress.awq import awq_scale_layer, output_mse
 from speclm.compress.calibration import hessian
 from speclm.compress.gptq import gptq
-from speclm.compress.qformat import fp8_quantize, pack, unpack
+from speclm.compress.qformat import fp8_quantize
+from speclm.models.qformat import pack, unpack
 from speclm.compress.rtn import QuantScheme, expand, rtn
 from speclm.compress.smoothquant import fake_quantize_per_token, smooth_layer, smooth_scale
 from speclm.models.config import ModelConfig
-from speclm.models.layers import AttentionMetadata, DecoderLayer, RotaryEmbedding
+from speclm.models.attention import AttentionMetadata
+from speclm.models.layers import DecoderLayer
+from speclm.models.rope import RotaryEmbedding
 
 
 @pytest.mark.parametrize("bits,group,sym", [(8, 0, True), (4, 0, False), (4, 32, False), (4, 32, True), (3, 16, False)])

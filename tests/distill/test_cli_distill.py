@@ -4,7 +4,7 @@ import json
 import pytest
 
 from speclm.cli import main
-from speclm.spec.heads import load_head
+from speclm.speculative.heads import load_head
 from tests.conftest import STORIES_MODEL, STORIES_TOKENIZER
 
 

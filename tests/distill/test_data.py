@@ -7,7 +7,7 @@ import torch
 import speclm.distill.data as data_module
 from speclm import SamplingParams
 
-from speclm.bench.prompts import load_prompts
+from speclm.data import load_prompts
 from speclm.distill.data import DataSettings, frequent_tokens, load_or_build, target_features
 from speclm.distill.prompts import BENCHMARK_PER_CATEGORY, OWN_PROMPTS, split_specbench, training_prompts
 from tests.conftest import SPECBENCH

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from speclm import SamplingParams
-from speclm.spec.draft_model import TOKEN_MAP_FILE, DraftModelProposer, load_token_map
+from speclm.speculative.draft_model import TOKEN_MAP_FILE, DraftModelProposer, load_token_map
 from speclm.models import load_checkpoint
 from tests.conftest import STORIES_MODEL
-from tests.spec.conftest import write_hf_dir
-from tests.spec.test_exactness import ALPHA, exact_two_token_distribution, g_test_pvalue, sample_two_tokens
-from tests.spec.test_greedy_equality import STORY_PROMPTS
+from tests.speculative.conftest import write_hf_dir
+from tests.speculative.test_exactness import ALPHA, exact_two_token_distribution, g_test_pvalue, sample_two_tokens
+from tests.speculative.test_greedy_equality import STORY_PROMPTS
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_token_map_draft_greedy_equals_plain_greedy(stories_llm, token_map_draft
     expected = {prompt: stories_llm.generate(prompt, params)[0].token_ids for prompt in STORY_PROMPTS}
     for k in (1, 4):
         llm = stories_llm.with_spec(f"draft:{token_map_draft_dir}", num_speculative_tokens=k, adaptive=False)
-        proposer = llm.engine.proposer
+        proposer = llm.proposers(llm.spec)  # a fresh proposer for one sequence
         assert isinstance(proposer, DraftModelProposer) and proposer.token_map is not None
         drafted = accepted = 0
         for prompt in STORY_PROMPTS:
@@ -43,8 +43,9 @@ def test_token_map_draft_greedy_equals_plain_greedy(stories_llm, token_map_draft
             accepted += out.stats.accepted_tokens
         assert drafted > 0 and 0 < accepted < drafted
     # proposals stay inside the map and their q is zero outside it
-    proposal = proposer.propose(stories_llm.tokenizer.encode("Once upon a time"), 4, SamplingParams(temperature=1.0),
-                                torch.Generator().manual_seed(1))
+    ids = stories_llm.tokenizer.encode("Once upon a time")
+    proposer.start(ids, 64)
+    proposal = proposer.propose(ids, 4, SamplingParams(temperature=1.0), torch.Generator().manual_seed(1))
     assert set(proposal.tokens) <= token_map
     outside = torch.ones(512, dtype=torch.bool)
     outside[list(token_map)] = False

@@ -81,7 +81,7 @@ def test_saved_draft_loads_in_speclm_and_transformers_with_equal_logits(stories_
     ours = LLM(opts.out, tokenizer=STORIES_TOKENIZER)
     n = len(ids)
     hidden = ours.model(torch.tensor(ids), torch.arange(n), ours.model.new_cache(n),
-                        __import__("speclm.models.layers", fromlist=["AttentionMetadata"]).AttentionMetadata(0, n))
+                        __import__("speclm.models.attention", fromlist=["AttentionMetadata"]).AttentionMetadata(0, n))
     theirs = AutoModelForCausalLM.from_pretrained(opts.out, torch_dtype=torch.float32).eval()
     with torch.no_grad():
         expected = theirs(torch.tensor([ids])).logits[0]
@@ -98,7 +98,7 @@ def test_training_forward_matches_inference_and_backprops(stories_llm):
     every layer, and the checkpoint-shared tensors of a built model are not touched (copies)."""
     from speclm.distill.student import init_draft_model, trainable_draft_parameters, training_hidden_states
     from speclm.models import load_checkpoint
-    from speclm.models.layers import AttentionMetadata
+    from speclm.models.attention import AttentionMetadata
     from tests.conftest import STORIES_MODEL
 
     checkpoint = load_checkpoint(STORIES_MODEL)

@@ -7,7 +7,7 @@ from torch import nn
 from speclm.distill.data import DataSettings, TargetData, split_sequences
 from speclm.distill.run import DistillOptions, prepare, run_distill
 from speclm.distill.trainer import TrainConfig, Trainer
-from speclm.spec.heads import load_head
+from speclm.speculative.heads import load_head
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -5,9 +5,9 @@ import torch
 
 from speclm import SamplingParams
 from speclm.config import CacheConfig
-from speclm.engine.batch_engine import BatchEngine
-from speclm.engine.model_runner import ModelRunner
+from speclm.engine.engine import Engine
 from speclm.engine.request import Request
+from tests.helpers import generate_one
 
 PROMPTS = ["", "Once upon a time", "Tom had a dog", "The sun was hot and the",
            "Lily and Ben went to the park. They saw a big"]
@@ -16,8 +16,8 @@ PROMPTS = ["", "Once upon a time", "Tom had a dog", "The sun was hot and the",
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def make_engine(llm, **config) -> BatchEngine:
-    return BatchEngine(ModelRunner(llm.model), llm.tokenizer, CacheConfig(**config))
+def make_engine(llm, **config) -> Engine:
+    return Engine(llm.runner, llm.tokenizer, CacheConfig(**config))
 
 
 def mixed_requests(llm, count=10):
@@ -31,7 +31,7 @@ def mixed_requests(llm, count=10):
 ])
 def test_batched_greedy_equals_single_request_engine(stories_llm, config):
     requests = mixed_requests(stories_llm)
-    expected = [stories_llm.engine.generate(r).token_ids for r in requests]
+    expected = [generate_one(stories_llm.engine, r).token_ids for r in requests]
     engine = make_engine(stories_llm, **config)
     outputs = engine.generate(requests)
     assert [o[0].token_ids for o in outputs] == expected
@@ -87,7 +87,7 @@ def test_abort_frees_blocks_and_others_continue(stories_llm):
     while engine.has_unfinished():
         done.update({o.request_id: o.output for o in engine.step() if o.output})
     assert set(done) == {"r0", "r2"}
-    assert done["r2"].token_ids == stories_llm.engine.generate(requests[2]).token_ids
+    assert done["r2"].token_ids == generate_one(stories_llm.engine, requests[2]).token_ids
     assert engine.block_manager.num_used_blocks == 0
 
 
@@ -103,7 +103,7 @@ def test_bad_requests_raise_value_error(stories_llm):
 def test_default_model_batched_greedy_equals_single(default_llm):
     prompts = ["The capital of France is", "def fibonacci(n):", "Write a haiku about the sea.", "1, 2, 3, 4,"]
     requests = [Request(str(i), default_llm.encode(p), SamplingParams(max_tokens=6 + 2 * i)) for i, p in enumerate(prompts)]
-    expected = [default_llm.engine.generate(r).token_ids for r in requests]
+    expected = [generate_one(default_llm.engine, r).token_ids for r in requests]
     outputs = make_engine(default_llm, kv_cache_mb=64).generate(requests)
     assert [o[0].token_ids for o in outputs] == expected
 
@@ -113,10 +113,10 @@ def test_speculation_inside_the_batch_is_lossless(stories_llm, spec):
     from speclm.config import SpecConfig
 
     requests = mixed_requests(stories_llm, 8)
-    expected = [stories_llm.engine.generate(r).token_ids for r in requests]
+    expected = [generate_one(stories_llm.engine, r).token_ids for r in requests]
     for config in ({}, {"num_blocks": 48, "block_size": 4, "max_num_batched_tokens": 16}):
-        engine = BatchEngine(ModelRunner(stories_llm.model), stories_llm.tokenizer, CacheConfig(**config),
-                             SpecConfig.parse(spec), stories_llm.new_proposer, spec_max_batch=4)
+        engine = Engine(stories_llm.runner, stories_llm.tokenizer, CacheConfig(**config),
+                             SpecConfig.parse(spec), stories_llm.proposers, spec_max_batch=4)
         outputs = [o[0] for o in engine.generate(requests)]
         assert [o.token_ids for o in outputs] == expected
         assert sum(o.stats.accepted_tokens for o in outputs) > 0  # drafts really were verified and kept
@@ -127,8 +127,8 @@ def test_speculation_switches_off_in_big_batches_and_per_request(stories_llm):
     from speclm.config import SpecConfig
 
     requests = mixed_requests(stories_llm, 6)
-    engine = BatchEngine(ModelRunner(stories_llm.model), stories_llm.tokenizer, CacheConfig(),
-                         SpecConfig.parse("ngram"), stories_llm.new_proposer, spec_max_batch=5)
+    engine = Engine(stories_llm.runner, stories_llm.tokenizer, CacheConfig(),
+                         SpecConfig.parse("ngram"), stories_llm.proposers, spec_max_batch=5)
     for r in requests[:5]:
         engine.add_request(r)
     engine.add_request(requests[5], spec=None)  # this one decodes plainly
@@ -149,8 +149,8 @@ def test_sampled_speculation_in_batch_is_reproducible_with_fixed_k(stories_llm):
     params = SamplingParams(temperature=0.8, seed=3, max_tokens=30)
 
     def run():
-        engine = BatchEngine(ModelRunner(stories_llm.model), stories_llm.tokenizer, CacheConfig(),
-                             SpecConfig.parse("layerskip:3", 3, adaptive=False), stories_llm.new_proposer)
+        engine = Engine(stories_llm.runner, stories_llm.tokenizer, CacheConfig(),
+                             SpecConfig.parse("layerskip:3", 3, adaptive=False), stories_llm.proposers)
         return [o.token_ids for o in engine.generate([Request("s", prompt, params)], n=2)[0]]
 
     first = run()
@@ -167,7 +167,7 @@ def test_int4_batch_is_exact_speculative_and_equals_single_request_engine():
     decode row (then speculative output left plain output on 2 of these 10 prompts, and the batch
     left the single-request engine on 8, some from the first token)."""
     from speclm import LLM
-    from speclm.bench.prompts import load_prompts
+    from speclm.data import load_prompts
     from speclm.config import SpecConfig
     from tests.conftest import SPECBENCH
 
@@ -176,14 +176,14 @@ def test_int4_batch_is_exact_speculative_and_equals_single_request_engine():
                for p in load_prompts(SPECBENCH, 1)[:10]]
     params = SamplingParams(max_tokens=48, ignore_eos=True)
     requests = [Request(str(i), p, params) for i, p in enumerate(prompts)]
-    runner = ModelRunner(llm.model)
+    runner = llm.runner
 
     def batched(spec, cache_config=CacheConfig()):
-        engine = BatchEngine(runner, llm.tokenizer, cache_config, spec, llm.new_proposer if spec else None)
+        engine = Engine(runner, llm.tokenizer, cache_config, spec, llm.proposers if spec else None)
         return [o[0].token_ids for o in engine.generate(requests)]
 
     plain = batched(None)
     assert sum(map(len, prompts)) > CacheConfig().max_num_batched_tokens  # prompts are chunked
     assert batched(SpecConfig.parse("ngram", 4)) == plain
     one_chunk = CacheConfig(max_num_batched_tokens=sum(map(len, prompts)))
-    assert batched(None, one_chunk) == [llm.engine.generate(r).token_ids for r in requests]
+    assert batched(None, one_chunk) == [generate_one(llm.engine, r).token_ids for r in requests]

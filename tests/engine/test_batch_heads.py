@@ -8,11 +8,11 @@ import torch
 
 from speclm import LLM, SamplingParams
 from speclm.config import CacheConfig, SpecConfig
-from speclm.engine.batch_engine import BatchEngine
-from speclm.engine.model_runner import ModelRunner
+from speclm.engine.engine import Engine
 from speclm.engine.request import Request
 from tests.conftest import STORIES_MODEL, STORIES_TOKENIZER
-from tests.spec.tree_proposers import OracleTreeProposer, write_perturbed_heads
+from tests.speculative.tree_proposers import OracleTreeProposer, write_perturbed_heads
+from tests.helpers import ContiguousPass, generate_one
 
 PROMPTS = ["", "Once upon a time", "Tom had a dog", "The sun was hot and the",
            "Lily and Ben went to the park. They saw a big"]
@@ -43,10 +43,10 @@ def test_batched_head_speculation_equals_plain_greedy(stories_llm, head_dirs, sp
     """(Whether the heads get the right features is checked with recorded features below.)"""
     spec = spec.format(**head_dirs)
     requests = requests_of(stories_llm)
-    expected = [stories_llm.engine.generate(r).token_ids for r in requests]
+    expected = [generate_one(stories_llm.engine, r).token_ids for r in requests]
     for config in CONFIGS:
-        engine = BatchEngine(ModelRunner(stories_llm.model), stories_llm.tokenizer, CacheConfig(**config),
-                             SpecConfig.parse(spec, 5, adaptive=False), stories_llm.new_proposer, spec_max_batch=8)
+        engine = Engine(stories_llm.runner, stories_llm.tokenizer, CacheConfig(**config),
+                             SpecConfig.parse(spec, 5, adaptive=False), stories_llm.proposers, spec_max_batch=8)
         outputs = [o[0] for o in engine.generate(requests)]
         assert [o.token_ids for o in outputs] == expected, config
         assert engine.block_manager.num_used_blocks == 0
@@ -57,10 +57,10 @@ def test_forks_of_a_chunked_prefill_get_every_prompt_feature(stories_llm, head_d
     """n = 3 samples forked after a prompt prefilled in chunks of 4: each sample's EAGLE head needs
     the features of all the prompt's chunks; greedy samples all equal plain greedy."""
     request = requests_of(stories_llm, 5)[4]
-    expected = stories_llm.engine.generate(request).token_ids
+    expected = generate_one(stories_llm.engine, request).token_ids
     spec = SpecConfig.parse(f"eagle:{head_dirs['eagle']}", 4, adaptive=False)
-    engine = BatchEngine(ModelRunner(stories_llm.model), stories_llm.tokenizer, CacheConfig(max_num_batched_tokens=4),
-                         spec, stories_llm.new_proposer)
+    engine = Engine(stories_llm.runner, stories_llm.tokenizer, CacheConfig(max_num_batched_tokens=4),
+                         spec, stories_llm.proposers)
     outputs = engine.generate([request], n=3)[0]
     assert [o.token_ids for o in outputs] == [expected] * 3
     assert all(o.stats.drafted_tokens > 0 for o in outputs)
@@ -72,9 +72,9 @@ def test_prefix_cache_reuse_by_feature_sequences(stories_llm, head_dirs, method)
     none, its blocks still serve a later plain request; Medusa (the last feature only) reuses them.
     Both stay exact."""
     request = requests_of(stories_llm, 5)[4]
-    expected = stories_llm.engine.generate(request).token_ids
-    engine = BatchEngine(ModelRunner(stories_llm.model), stories_llm.tokenizer, CacheConfig(block_size=4),
-                         SpecConfig.parse(f"{method}:{head_dirs[method]}", 4), stories_llm.new_proposer)
+    expected = generate_one(stories_llm.engine, request).token_ids
+    engine = Engine(stories_llm.runner, stories_llm.tokenizer, CacheConfig(block_size=4),
+                         SpecConfig.parse(f"{method}:{head_dirs[method]}", 4), stories_llm.proposers)
     for i in range(2):
         engine.add_request(Request(f"heads{i}", request.prompt_ids, request.params))
         while engine.has_unfinished():
@@ -90,13 +90,13 @@ def test_prefix_cache_reuse_by_feature_sequences(stories_llm, head_dirs, method)
 @pytest.mark.parametrize("spec", ["eagle:{eagle},topk=1", "eagle:{eagle}", "medusa:{medusa}"])
 def test_sampled_head_speculation_in_batch_runs_and_is_reproducible(stories_llm, head_dirs, spec):
     """Sampled chains (EAGLE draws from its q) and trees in the batch, with fixed K (adaptive K follows
-    timings, which would change the random stream); exactness itself: tests/spec/test_tree_exactness.py."""
+    timings, which would change the random stream); exactness itself: tests/speculative/test_tree_exactness.py."""
     spec = SpecConfig.parse(spec.format(**head_dirs), 4, adaptive=False)
     params = SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=30)
 
     def run():
-        engine = BatchEngine(ModelRunner(stories_llm.model), stories_llm.tokenizer, CacheConfig(), spec,
-                             stories_llm.new_proposer)
+        engine = Engine(stories_llm.runner, stories_llm.tokenizer, CacheConfig(), spec,
+                             stories_llm.proposers)
         outputs = engine.generate([Request("s", stories_llm.encode("Tom had a dog"), params)], n=2)[0]
         assert all(o.stats.drafted_tokens > 0 for o in outputs)
         return [o.token_ids for o in outputs]
@@ -110,6 +110,7 @@ class OracleFeatureProposer(OracleTreeProposer):
     features the engine hands over."""
 
     wants_features = True
+    feature_history = True  # every position's feature, so no prefix-cache reuse
 
     def __init__(self, references: dict[tuple[int, ...], list[int]], vocab_size: int, seed: int) -> None:
         super().__init__([], vocab_size, seed)
@@ -134,11 +135,11 @@ def test_batched_tree_verification_finds_deep_paths_and_is_exact(llm, k):
     (deep paths accepted), output equals plain greedy (so the accepted path's keys/values were moved
     into place), and every proposer holds the target's features f_0 .. f_{L-2} of its sequence."""
     requests = requests_of(llm)
-    expected = [llm.engine.generate(r).token_ids for r in requests]
+    expected = [generate_one(llm.engine, r).token_ids for r in requests]
     references = {}  # prompt -> its longest greedy text (requests share prompts)
     for r, e in sorted(zip(requests, expected), key=lambda pair: len(pair[1])):
         references[tuple(r.prompt_ids)] = r.prompt_ids + e
-    runner = ModelRunner(llm.model)
+    runner = llm.runner
     for config in CONFIGS:
         proposers = []
 
@@ -147,7 +148,7 @@ def test_batched_tree_verification_finds_deep_paths_and_is_exact(llm, k):
             return proposers[-1]
 
         fixed_k = SpecConfig("ngram", None, k, adaptive=False)  # only K matters: `make` builds the proposers
-        engine = BatchEngine(runner, llm.tokenizer, CacheConfig(**config), fixed_k, make)
+        engine = Engine(runner, llm.tokenizer, CacheConfig(**config), fixed_k, make)
         outputs = [o[0] for o in engine.generate(requests)]
         assert [o.token_ids for o in outputs] == expected, config
         assert engine.block_manager.num_used_blocks == 0
@@ -157,7 +158,7 @@ def test_batched_tree_verification_finds_deep_paths_and_is_exact(llm, k):
         for p, r, o in zip(proposers, requests, outputs):
             full = (r.prompt_ids + o.token_ids)[:-1]  # the last token's feature is never needed
             received = torch.cat(p.features)  # [L - 1, hidden]
-            reference, _ = runner.prefill_features(runner.new_cache(len(full)), full)
+            reference = ContiguousPass(llm.model, len(full)).hidden(full, 0)
             assert received.shape == reference.shape
             if received.dtype == torch.float32:
                 torch.testing.assert_close(received, reference, rtol=1e-4, atol=1e-4)
@@ -176,8 +177,8 @@ def test_batched_trees_match_plain_batched_decoding(stories_llm, config):
     entries keep their int8 scales; a step's rows stay in its first row's block, so drafts never make
     the window slide earlier than plain decoding)."""
     requests = requests_of(stories_llm)
-    runner = ModelRunner(stories_llm.model)
-    plain = BatchEngine(runner, stories_llm.tokenizer, CacheConfig(**config))
+    runner = stories_llm.runner
+    plain = Engine(runner, stories_llm.tokenizer, CacheConfig(**config))
     expected = [o[0].token_ids for o in plain.generate(requests)]
     references = {}
     for r, e in sorted(zip(requests, expected), key=lambda pair: len(pair[1])):
@@ -190,7 +191,7 @@ def test_batched_trees_match_plain_batched_decoding(stories_llm, config):
         return proposers[-1]
 
     fixed_k = SpecConfig("ngram", None, 6, adaptive=False)  # only K matters: `make` builds the proposers
-    engine = BatchEngine(runner, stories_llm.tokenizer, CacheConfig(**config), fixed_k, make)
+    engine = Engine(runner, stories_llm.tokenizer, CacheConfig(**config), fixed_k, make)
     assert [o[0].token_ids for o in engine.generate(requests)] == expected
     assert sum(a >= 3 for p in proposers for a in p.accepted) > 0
 
@@ -202,10 +203,10 @@ def test_default_model_batched_trained_heads_equal_plain_greedy(default_llm):
     prompts = ["The capital of France is", "def fibonacci(n):", "Write a haiku about the sea.", "1, 2, 3, 4,"]
     requests = [Request(str(i), default_llm.tokenizer.encode_chat([{"role": "user", "content": p}]),
                         SamplingParams(max_tokens=12 + 4 * i, ignore_eos=True)) for i, p in enumerate(prompts)]
-    expected = [default_llm.engine.generate(r).token_ids for r in requests]
+    expected = [generate_one(default_llm.engine, r).token_ids for r in requests]
     for spec in (f"medusa:{DRAFTERS}/medusa-smollm2-135m", f"eagle:{DRAFTERS}/eagle-smollm2-135m"):
-        engine = BatchEngine(ModelRunner(default_llm.model), default_llm.tokenizer, CacheConfig(kv_cache_mb=64),
-                             SpecConfig.parse(spec, 4, adaptive=False), default_llm.new_proposer)
+        engine = Engine(default_llm.runner, default_llm.tokenizer, CacheConfig(kv_cache_mb=64),
+                             SpecConfig.parse(spec, 4, adaptive=False), default_llm.proposers)
         outputs = [o[0] for o in engine.generate(requests)]
         assert [o.token_ids for o in outputs] == expected, spec
         assert sum(o.stats.accepted_tokens for o in outputs) > 0

@@ -6,10 +6,11 @@ import torch
 import torch.nn.functional as F
 
 import speclm.kernels as kernels_module
-import speclm.models.layers as layers
+import speclm.models.attention as attention
 from speclm import LLM, SamplingParams
 from speclm.kernels import cpu_kernels
-from speclm.models.layers import DecodeRows, attend_like_decoding, rms_norm
+from speclm.models.attention import DecodeRows, attend_like_decoding
+from speclm.models.layers import rms_norm
 from tests.conftest import STORIES_MODEL, STORIES_TOKENIZER
 
 kernels = cpu_kernels()
@@ -29,13 +30,13 @@ def test_attend_rows_matches_sdpa_for_causal_and_slot_rows(head_dim):
     keys, values = torch.randn(kv_heads, slots, head_dim, generator=g), torch.randn(kv_heads, slots, head_dim, generator=g)
     q = torch.randn(heads, 5, head_dim, generator=g)
     causal = DecodeRows.causal(200, 5)  # rows over keys 0..195 .. 0..199
-    out = kernels.attend_rows(q, keys, values, causal.lengths, EMPTY, head_dim ** -0.5)
+    out = kernels.attend_rows(q, keys, values, causal.lengths, EMPTY, EMPTY, head_dim ** -0.5)
     for i, length in enumerate(causal.lengths.tolist()):
         torch.testing.assert_close(out[:, i : i + 1], sdpa_row(q[:, i : i + 1], keys, values, slice(0, length)),
                                    rtol=0, atol=2e-6)
     table = torch.randperm(slots, generator=g)[:250].repeat(5, 1)  # each row: its own scattered slots
     lengths = torch.tensor([250, 1, 17, 130, 64])
-    out = kernels.attend_rows(q, keys, values, lengths, table, head_dim ** -0.5)
+    out = kernels.attend_rows(q, keys, values, lengths, table, EMPTY, head_dim ** -0.5)
     for i, length in enumerate(lengths.tolist()):
         torch.testing.assert_close(out[:, i : i + 1], sdpa_row(q[:, i : i + 1], keys, values, table[i, :length]),
                                    rtol=0, atol=2e-6)
@@ -54,17 +55,35 @@ def test_attend_rows_is_row_invariant_bit_for_bit():
     q = torch.randn(heads, len(lengths), d, generator=g)
     before = torch.get_num_threads()
     try:
-        together = kernels.attend_rows(q, pool_k, pool_v, lengths, table, 0.125)
+        together = kernels.attend_rows(q, pool_k, pool_v, lengths, table, EMPTY, 0.125)
         torch.set_num_threads(1)
-        assert torch.equal(kernels.attend_rows(q, pool_k, pool_v, lengths, table, 0.125), together)
+        assert torch.equal(kernels.attend_rows(q, pool_k, pool_v, lengths, table, EMPTY, 0.125), together)
     finally:
         torch.set_num_threads(before)
     for i, length in enumerate(lengths.tolist()):
-        alone = kernels.attend_rows(q[:, i : i + 1].clone(), pool_k, pool_v, lengths[i : i + 1], table[i : i + 1], 0.125)
+        alone = kernels.attend_rows(q[:, i : i + 1].clone(), pool_k, pool_v, lengths[i : i + 1], table[i : i + 1], EMPTY, 0.125)
         index = table[i, :length]
         contiguous = kernels.attend_rows(q[:, i : i + 1].clone(), pool_k[:, index].contiguous(),
-                                         pool_v[:, index].contiguous(), lengths[i : i + 1], EMPTY, 0.125)
+                                         pool_v[:, index].contiguous(), lengths[i : i + 1], EMPTY, EMPTY, 0.125)
         assert torch.equal(alone, together[:, i : i + 1]) and torch.equal(contiguous, alone), i
+
+
+@needs_kernels
+def test_rows_sharing_a_slot_table_row_equal_rows_with_their_own():
+    """A prompt chunk's rows read one shared list of slots (slot_rows): bit for bit what each row
+    computes with its own copy of the list, and what it computes alone."""
+    g = torch.Generator().manual_seed(4)
+    pool_k, pool_v = torch.randn(3, 500, 64, generator=g), torch.randn(3, 500, 64, generator=g)
+    slots = torch.randperm(500, generator=g)[:200]
+    lengths = torch.arange(150, 200)  # a causal chunk of 50 rows
+    q = torch.randn(9, 50, 64, generator=g)
+    shared = kernels.attend_rows(q, pool_k, pool_v, lengths, slots[None], torch.zeros(50, dtype=torch.long), 0.125)
+    own = kernels.attend_rows(q, pool_k, pool_v, lengths, slots.repeat(50, 1), EMPTY, 0.125)
+    assert torch.equal(shared, own)
+    for i in (0, 17, 49):
+        alone = kernels.attend_rows(q[:, i : i + 1].clone(), pool_k, pool_v, lengths[i : i + 1], slots[None], EMPTY,
+                                    0.125)
+        assert torch.equal(alone, shared[:, i : i + 1])
 
 
 @needs_kernels
@@ -88,7 +107,7 @@ def test_attention_without_kernels_matches_the_kernel_path(monkeypatch):
     keys, values, q = torch.randn(2, 50, 64, generator=g), torch.randn(2, 50, 64, generator=g), torch.randn(4, 3, 64, generator=g)
     rows = DecodeRows.tree(40, [[0], [0, 1], [0, 2]])
     with_kernels = attend_like_decoding(q, keys, values, rows)
-    monkeypatch.setattr(layers, "cpu_kernels", lambda: None)
+    monkeypatch.setattr(attention, "cpu_kernels", lambda: None)
     without = attend_like_decoding(q, keys, values, rows)
     torch.testing.assert_close(without, with_kernels, rtol=0, atol=2e-6)
     for i, path in enumerate([[0], [0, 1], [0, 2]]):  # row i: slots 0..39, then its path's slots 40 + path
@@ -99,7 +118,7 @@ def test_attention_without_kernels_matches_the_kernel_path(monkeypatch):
 @pytest.mark.usefixtures("one_thread")
 def test_speculation_stays_exact_on_torch_ops_without_the_kernels(monkeypatch):
     """The fallback path (per-row SDPA calls) keeps speculative greedy == plain greedy in bf16."""
-    monkeypatch.setattr(layers, "cpu_kernels", lambda: None)
+    monkeypatch.setattr(attention, "cpu_kernels", lambda: None)
     plain_llm = LLM(STORIES_MODEL, tokenizer=STORIES_TOKENIZER, weights="bf16")
     spec_llm = LLM(STORIES_MODEL, tokenizer=STORIES_TOKENIZER, weights="bf16", spec="layerskip:3", adaptive=False)
     params = SamplingParams(max_tokens=40, ignore_eos=True)
@@ -190,7 +209,7 @@ def test_int4_layers_fall_back_to_torchs_kernel(monkeypatch):
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rope_qkv_rotates_like_apply_rope_and_writes_the_cache_slots(dtype):
-    from speclm.models.layers import apply_rope
+    from speclm.models.rope import apply_rope
 
     g = torch.Generator().manual_seed(7)
     n, heads, kv_heads, d = 3, 4, 2, 64

@@ -3,8 +3,7 @@ import torch
 
 from speclm import SamplingParams
 from speclm.config import CacheConfig
-from speclm.engine.batch_engine import BatchEngine
-from speclm.engine.model_runner import ModelRunner
+from speclm.engine.engine import Engine
 from speclm.engine.request import Request
 from speclm.kv.paged_cache import PagedKVCache
 
@@ -23,12 +22,12 @@ def test_int8_slots_round_trip_within_half_a_step():
 
 
 def test_int8_cache_generation_tracks_full_precision(stories_llm):
-    runner = ModelRunner(stories_llm.model)
+    runner = stories_llm.runner
     prompts = ["Once upon a time", "Tom had a dog", "The sun was hot and the", "One day, a little bird",
                "Sam liked to eat"]
     requests = [Request(str(i), stories_llm.encode(p), SamplingParams(max_tokens=24)) for i, p in enumerate(prompts)]
-    full = BatchEngine(runner, stories_llm.tokenizer, CacheConfig(block_size=4))
-    int8 = BatchEngine(runner, stories_llm.tokenizer, CacheConfig(block_size=4, kv_cache_dtype="int8"))
+    full = Engine(runner, stories_llm.tokenizer, CacheConfig(block_size=4))
+    int8 = Engine(runner, stories_llm.tokenizer, CacheConfig(block_size=4, kv_cache_dtype="int8"))
     expected = [o[0].token_ids for o in full.generate(requests)]
     got = [o[0].token_ids for o in int8.generate(requests)]
     # head_dim 8 is the worst case for the per-head scale overhead: 12 bytes instead of 32 per head and token
@@ -40,13 +39,13 @@ def test_int8_cache_generation_tracks_full_precision(stories_llm):
 
 
 def test_streaming_window_generates_past_the_cache_with_bounded_blocks(stories_llm):
-    runner = ModelRunner(stories_llm.model)
+    runner = stories_llm.runner
     prompt = stories_llm.encode("Once upon a time")
     params = SamplingParams(max_tokens=150, ignore_eos=True)
-    full = BatchEngine(runner, stories_llm.tokenizer, CacheConfig(block_size=4)).generate(
+    full = Engine(runner, stories_llm.tokenizer, CacheConfig(block_size=4)).generate(
         [Request("f", prompt, params)])[0][0]
     # 12 blocks of 4 tokens: 48 tokens of KV for a 155-token sequence
-    engine = BatchEngine(runner, stories_llm.tokenizer,
+    engine = Engine(runner, stories_llm.tokenizer,
                          CacheConfig(block_size=4, num_blocks=16, streaming_window=48, attention_sinks=4))
     engine.add_request(Request("s", prompt, params))
     tokens, peak = [], 0
@@ -67,15 +66,15 @@ def test_streaming_window_with_speculation_equals_plain_streaming_decoding(stori
     in the block of its first row (where plain decoding of that row would evict too)."""
     from speclm.config import SpecConfig
 
-    runner = ModelRunner(stories_llm.model)
+    runner = stories_llm.runner
     prompts = ["Once upon a time", "Tom had a dog. Tom had a dog. Tom"]
     params = SamplingParams(max_tokens=120, ignore_eos=True)
     config = dict(block_size=4, num_blocks=32, streaming_window=40, attention_sinks=4)
     requests = [Request(str(i), stories_llm.encode(p), params) for i, p in enumerate(prompts)]
-    plain = BatchEngine(runner, stories_llm.tokenizer, CacheConfig(**config)).generate(requests)
+    plain = Engine(runner, stories_llm.tokenizer, CacheConfig(**config)).generate(requests)
     for spec in ("ngram", "layerskip:3"):
-        engine = BatchEngine(runner, stories_llm.tokenizer, CacheConfig(**config),
-                             SpecConfig.parse(spec, 4, adaptive=False), stories_llm.new_proposer)
+        engine = Engine(runner, stories_llm.tokenizer, CacheConfig(**config),
+                             SpecConfig.parse(spec, 4, adaptive=False), stories_llm.proposers)
         outs = engine.generate(requests)
         for got, want in zip(outs, plain):
             assert got[0].token_ids == want[0].token_ids, spec

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from speclm.models.checkpoint import build_model
-from speclm.models.layers import AttentionMetadata
+from speclm.models.attention import AttentionMetadata
 from speclm.models.loader import load_checkpoint
 
 TINY = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from speclm.models.checkpoint import ModelLoadError
-from speclm.models.gguf_export import export_gguf, gguf_name
+from speclm.compress.gguf_export import export_gguf, gguf_name
 from speclm.models.gguf_loader import (
     dequantize_tensor, field_value, half_split_to_rope_rows, load_gguf, open_gguf, rope_rows_to_half_split,
 )

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from speclm import LLM, SamplingParams
 from speclm.models.checkpoint import build_model
-from speclm.models.layers import AttentionMetadata
+from speclm.models.attention import AttentionMetadata
 from speclm.models.loader import load_checkpoint
 from speclm.models.quant_linear import (
     BF16Linear,
@@ -200,8 +200,8 @@ def test_greedy_speculative_equals_greedy_ar_in_every_format(padded_stories_dir,
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_lean_kernels_equal_the_modules_bit_for_bit(padded_stories_dir, fmt):
-    """LlamaModel.use_lean_kernels runs the same arithmetic without nn.Module dispatch: prefill,
+def test_lean_ops_equal_the_modules_bit_for_bit(padded_stories_dir, fmt):
+    """LlamaModel.use_lean_ops runs the same arithmetic without nn.Module dispatch: prefill,
     one-token decoding and multi-row verification give identical hidden states."""
     model = build_model(load_checkpoint(padded_stories_dir), weights=fmt)
     ids = list(range(3, 40))
@@ -212,14 +212,14 @@ def test_lean_kernels_equal_the_modules_bit_for_bit(padded_stories_dir, fmt):
                                      AttentionMetadata(start, n))
         return [run(0, 30), run(30, 1), run(31, 5)]  # prefill, decode, verification rows
 
-    model.use_lean_kernels(False)
+    model.use_lean_ops(False)
     reference = passes()
-    model.use_lean_kernels()
+    model.use_lean_ops()
     lean = passes()
     assert all(torch.equal(a, b) for a, b in zip(reference, lean))
     # The kernels really are closures (no module calls), except where the layer type is unknown.
-    kernels = model.lean_kernels[0]
-    assert not any(isinstance(k, torch.nn.Module) for k in kernels[:6])
+    ops = model.lean_ops[0]
+    assert not any(isinstance(k, torch.nn.Module) for k in ops[:6])
 
 
 def test_int8_on_a_q4_gguf_warns_that_int4_keeps_its_grid():

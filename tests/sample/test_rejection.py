@@ -18,24 +18,24 @@ def logits_preferring(tokens: list[int], vocab: int = 8) -> torch.Tensor:
 
 
 def test_greedy_perfect_match_accepts_all_and_adds_bonus():
-    result = RejectionSampler().verify(logits_preferring([3, 1, 4, 6]), [3, 1, 4], None, GREEDY)
+    result = RejectionSampler().verify_chain(logits_preferring([3, 1, 4, 6]), [3, 1, 4], None, GREEDY)
     assert result.tokens == [3, 1, 4, 6]
     assert result.num_accepted == 3 and result.bonus
 
 
 def test_greedy_early_mismatch_keeps_prefix_and_recovers_target_choice():
-    result = RejectionSampler().verify(logits_preferring([3, 2, 4, 6]), [3, 1, 4], None, GREEDY)
+    result = RejectionSampler().verify_chain(logits_preferring([3, 2, 4, 6]), [3, 1, 4], None, GREEDY)
     assert result.tokens == [3, 2]
     assert result.num_accepted == 1 and not result.bonus
 
 
 def test_greedy_first_token_rejected():
-    result = RejectionSampler().verify(logits_preferring([5, 1]), [3], None, GREEDY)
+    result = RejectionSampler().verify_chain(logits_preferring([5, 1]), [3], None, GREEDY)
     assert result.tokens == [5] and result.num_accepted == 0
 
 
 def test_no_drafts_is_plain_decoding():
-    result = RejectionSampler().verify(logits_preferring([7]), [], None, GREEDY)
+    result = RejectionSampler().verify_chain(logits_preferring([7]), [], None, GREEDY)
     assert result.tokens == [7] and result.num_accepted == 0 and not result.bonus
 
 
@@ -93,5 +93,5 @@ def test_verify_uses_processed_distribution_with_top_k():
     params = SamplingParams(temperature=1.0, top_k=1)
     logits = logits_preferring([3, 1])
     q = processed_probs(logits[:1], params)
-    result = RejectionSampler().verify(logits, [3], q, params, torch.Generator().manual_seed(0))
+    result = RejectionSampler().verify_chain(logits, [3], q, params, torch.Generator().manual_seed(0))
     assert result.tokens == [3, 1]

@@ -20,7 +20,7 @@ def running_server(llm, config=None, api_key=None, model_name="test-model", on_f
     engine thread) afterwards."""
     import uvicorn
 
-    from speclm.cli.serve import build_app
+    from speclm.server.app import build_app
     from speclm.config import CacheConfig
     from speclm.server.config import ServerConfig
 

@@ -16,7 +16,7 @@ def test_serve_rejects_bad_options(capsys):
 
 
 def test_bench_serve_writes_json_and_markdown(tmp_path, stories_llm):
-    from tests.spec.tree_proposers import write_perturbed_heads
+    from tests.speculative.tree_proposers import write_perturbed_heads
 
     eagle = write_perturbed_heads(stories_llm.model.config, tmp_path)["eagle"]
     args = ["bench", "serve", *STORIES, "--no-chat", "--per-category", "1", "--concurrency", "1,3",

@@ -192,7 +192,7 @@ def test_speculative_server_is_lossless_and_reports_acceptance(stories_llm):
 
 @pytest.mark.parametrize("spec", ["medusa:{medusa}", "eagle:{eagle}"])  # default options: token trees
 def test_head_speculation_server_returns_plain_greedy_text(stories_llm, tmp_path, spec):
-    from tests.spec.tree_proposers import write_perturbed_heads
+    from tests.speculative.tree_proposers import write_perturbed_heads
 
     llm = stories_llm.with_spec(spec.format(**write_perturbed_heads(stories_llm.model.config, tmp_path)), 5)
     jobs = [(PROMPTS[i], 20 + 15 * i) for i in range(4)]

@@ -116,7 +116,7 @@ def _add_rope_scaling(writer, checkpoint: Checkpoint) -> None:
             writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
         return
     if kind in ("llama3", "freq_factors"):
-        from speclm.models.layers import rope_inverse_frequencies, unscaled_inverse_frequencies
+        from speclm.models.rope import rope_inverse_frequencies, unscaled_inverse_frequencies
 
         scaled, _ = rope_inverse_frequencies(checkpoint.config)  # [head_dim/2]
         factors = unscaled_inverse_frequencies(checkpoint.config) / scaled.double()  # [head_dim/2]

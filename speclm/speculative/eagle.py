@@ -6,15 +6,15 @@ import copy
 import torch
 
 from speclm.kv.cache import KVCache
-from speclm.models.layers import AttentionMetadata
+from speclm.models.attention import AttentionMetadata
 from speclm.models.llama import LlamaModel
 from speclm.sample.sampler import processed_probs, sample_from_probs
 from speclm.sampling_params import SamplingParams
-from speclm.spec.heads import EagleHead, draft_lm_head
-from speclm.spec.proposer import Proposal
+from speclm.speculative.heads import EagleHead, draft_lm_head
+from speclm.speculative.proposer import Proposal, Proposer
 
 
-class EagleProposer:
+class EagleProposer(Proposer):
     """Keeps the head's own KV cache in sync with the committed context: row t (slot t, position
     t+1) is fc([f_t; embed(x_{t+1})]) for every committed t with a target feature, appended as the
     engine hands features over. Drafting continues from the last row's predicted feature:
@@ -31,6 +31,7 @@ class EagleProposer:
     dropped before the next proposal."""
 
     wants_features = True
+    feature_history = True
     proposes_trees = True
 
     def __init__(self, target: LlamaModel, head: EagleHead, topk: int = 2, beam: int = 2, depth: int = 5,
@@ -46,7 +47,7 @@ class EagleProposer:
         self.pending: list[torch.Tensor] = []  # features not yet turned into rows
         self.last: torch.Tensor | None = None  # the last committed row's predicted feature, [hidden]
 
-    def fresh(self) -> "EagleProposer":
+    def fresh(self) -> EagleProposer:
         """A proposer for another sequence sharing this one's head and output head, with its own
         (not yet started) draft cache: the batched engine keeps one per sequence."""
         other = copy.copy(self)
@@ -172,5 +173,3 @@ class EagleProposer:
         self.cache.truncate(self.rows)
         return Proposal([tokens[i] for i in keep], None, [index[parents[i]] if parents[i] != -1 else -1 for i in keep])
 
-    def update(self, num_accepted: int) -> None:
-        pass  # the engine hands over the accepted rows' features; draft rows are overwritten next time

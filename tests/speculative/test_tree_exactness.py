@@ -10,13 +10,12 @@ import pytest
 import torch
 
 from speclm import SamplingParams
-from speclm.engine.llm_engine import LLMEngine
-from speclm.engine.model_runner import ModelRunner
 from speclm.sample.sampler import processed_probs, sample_from_probs
-from speclm.sample.tree_rejection import TreeRejectionSampler
-from speclm.spec.tree import TokenTree
-from tests.spec.test_exactness import ALPHA, NUM_SAMPLES, exact_two_token_distribution, g_test_pvalue
-from tests.spec.tree_proposers import TableTreeProposer
+from speclm.sample.rejection import RejectionSampler
+from speclm.sample.tree import TokenTree
+from tests.speculative.test_exactness import ALPHA, NUM_SAMPLES, exact_two_token_distribution, g_test_pvalue
+from tests.helpers import ContiguousPass, engine_with_proposer, generate_with_proposer
+from tests.speculative.tree_proposers import TableTreeProposer
 
 CASES = {
     "sampled-siblings": ("", SamplingParams(temperature=1.5), "sampled"),
@@ -28,9 +27,9 @@ CASES = {
 def draft_tables(llm, prompt_ids, params):
     """Draft distributions that disagree with the target: its processed p flattened (square root)
     and mixed with a little uniform mass (so q > 0 where p = 0). q1 at the prompt, q2[x] after x."""
-    runner, n = ModelRunner(llm.model), len(prompt_ids)
-    cache = runner.new_cache(n + 1)
-    logits, _ = runner.forward(cache, prompt_ids, 0)
+    n = len(prompt_ids)
+    passes = ContiguousPass(llm.model, n + 1)
+    logits = passes.logits(prompt_ids, 0)
 
     def disagree(logits_row):
         p = processed_probs(logits_row, params)[0].sqrt()
@@ -40,21 +39,21 @@ def draft_tables(llm, prompt_ids, params):
     q1 = disagree(logits[-1:])
     q2, after = {}, torch.zeros(q1.numel(), q1.numel())  # after[x] = target logits after prompt + x
     for x in range(q1.numel()):
-        step, _ = runner.forward(cache, [x], n)
+        step = passes.logits([x], n)
         q2[x], after[x] = disagree(step), step[0]
     return q1, q2, logits[-1], after
 
 
 def sample_first_two(llm, proposer, prompt_ids, params, verifier=None):
-    engine = LLMEngine(llm.engine.runner, llm.tokenizer, proposer, 16, adaptive=False)
+    engine = engine_with_proposer(llm, proposer, 16)
     if verifier is not None:
-        engine.tree_verifier = verifier
+        engine.verifier = verifier
     counts = torch.zeros((llm.model.config.vocab_size,) * 2, dtype=torch.float64)
     deep = 0
     for seed in range(NUM_SAMPLES):
         run = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
                              seed=seed, max_tokens=3, ignore_eos=True)
-        out = engine.generate(llm._request(prompt_ids, run))
+        out = generate_with_proposer(llm, proposer, prompt_ids, run, 16, engine=engine)
         t1, t2 = out.token_ids[:2]
         counts[t1, t2] += 1
         deep += out.stats.accepted_per_position[1] if len(out.stats.accepted_per_position) > 1 else 0
@@ -65,7 +64,7 @@ def verify_first_two(proposer, root_logits, after, prompt_len, params, verifier=
     """The engine's first two tokens without the model: the tree's rows get the target logits at the
     prompt (root) and after each first token (depth-1 nodes; depth-2 rows only feed the third token,
     which is not counted). A recovered first token is followed by a plain draw, as the engine does."""
-    verifier = verifier or TreeRejectionSampler()
+    verifier = verifier or RejectionSampler()
     generator = torch.Generator().manual_seed(0)
     vocab = after.shape[0]
     counts, deep = torch.zeros(vocab, vocab, dtype=torch.float64), 0
@@ -82,7 +81,7 @@ def verify_first_two(proposer, root_logits, after, prompt_len, params, verifier=
     return counts.numpy(), deep
 
 
-class NoResidualUpdate(TreeRejectionSampler):
+class NoResidualUpdate(RejectionSampler):
     """A broken sibling scheme: a failed sibling leaves the running distribution as it was."""
 
     @staticmethod

@@ -5,15 +5,14 @@ import numpy as np
 import torch
 
 from speclm.sampling_params import SamplingParams
-from speclm.spec.proposer import Proposal
+from speclm.speculative.proposer import Proposal, Proposer
 
 
-class NgramProposer:
+class NgramProposer(Proposer):
     """Match the last n tokens (n from max_n down to min_n) against prompt + output so far and
     propose the tokens that followed the latest match. Costs microseconds; no model involved.
     min_n defaults to 2: single-token matches are mostly coincidences whose drafts get rejected
-    (on SmolLM2 int4, `speclm bench` overall acceptance rose from 35% with min_n=1 to 56% with
-    min_n=2; the committed result is benchmarks/spec_bench_smollm2_int4.md)."""
+    (benchmarks/spec_bench_smollm2_int4.md)."""
 
     name = "ngram"
 
@@ -22,14 +21,8 @@ class NgramProposer:
             raise ValueError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.min_n, self.max_n = min_n, max_n
 
-    def start(self, prompt_ids: list[int], capacity: int) -> None:
-        pass
-
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
         return Proposal(find_continuation(context, k, self.min_n, self.max_n))
-
-    def update(self, num_accepted: int) -> None:
-        pass
 
 
 def find_continuation(context: list[int], k: int, min_n: int, max_n: int) -> list[int]:

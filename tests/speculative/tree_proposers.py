@@ -7,8 +7,8 @@ import random
 import torch
 
 from speclm.models.config import ModelConfig
-from speclm.spec.heads import EagleHead, MedusaHeads, save_head
-from speclm.spec.proposer import Proposal
+from speclm.speculative.heads import EagleHead, MedusaHeads, save_head
+from speclm.speculative.proposer import Proposal, Proposer
 
 
 def write_perturbed_heads(config: ModelConfig, root) -> dict[str, str]:
@@ -24,7 +24,7 @@ def write_perturbed_heads(config: ModelConfig, root) -> dict[str, str]:
     return {"medusa": str(save_head(medusa, root / "medusa")), "eagle": str(save_head(eagle, root / "eagle"))}
 
 
-class OracleTreeProposer:
+class OracleTreeProposer(Proposer):
     """Proposes random trees of up to k nodes in which the reference (plain greedy) continuation
     runs down a random number of levels, at a random sibling position among distractors, so
     verification must find it at any depth; distractor subtrees hang off other nodes as well."""
@@ -76,7 +76,7 @@ class OracleTreeProposer:
         self.accepted.append(num_accepted)
 
 
-class TableTreeProposer:
+class TableTreeProposer(Proposer):
     """Drafts a depth-2 tree at the first step only, from known draft distributions: q1 at the
     prompt and q2[x] after the prompt plus x. mode 'sampled' draws siblings independently from q
     (and returns the q rows), 'topk' proposes the most likely tokens deterministically."""

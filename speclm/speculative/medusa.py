@@ -8,8 +8,8 @@ import torch
 
 from speclm.models.llama import LlamaModel
 from speclm.sampling_params import SamplingParams
-from speclm.spec.heads import MedusaHeads, draft_lm_head
-from speclm.spec.proposer import Proposal
+from speclm.speculative.heads import MedusaHeads, draft_lm_head
+from speclm.speculative.proposer import Proposal, Proposer
 
 DEPTH_PRIOR = 0.6  # assumed acceptance of a head's top token, per level
 
@@ -35,7 +35,7 @@ def static_tree(num_heads: int, num_nodes: int, width: int) -> list[tuple[int, .
     return paths
 
 
-class MedusaProposer:
+class MedusaProposer(Proposer):
     """Drafts the target's next tokens from its last committed feature f_{L-2} (the pending token's
     predecessor): the target's own logits there give the pending token, head i gives depth i+1.
     K is the node budget: the first K paths of `static_tree`; width 1 makes it a chain. Candidates
@@ -55,7 +55,7 @@ class MedusaProposer:
         self._trees: dict[int, tuple[list[int], list[tuple[int, ...]]]] = {}
         self.feature: torch.Tensor | None = None
 
-    def fresh(self) -> "MedusaProposer":
+    def fresh(self) -> MedusaProposer:
         """A proposer for another sequence sharing these heads, output head and trees (the batched
         engine keeps one per sequence; building the subset output head again would copy weights)."""
         other = copy.copy(self)
@@ -93,6 +93,3 @@ class MedusaProposer:
             ranks = self.token_map[ranks]  # subset columns -> token ids
         ranks = ranks.tolist()
         return Proposal([ranks[len(p) - 1][p[-1]] for p in paths], None, parents)
-
-    def update(self, num_accepted: int) -> None:
-        pass

@@ -4,11 +4,11 @@ in bf16 (where a verification row computed differently from plain decoding flips
 import pytest
 
 from speclm import LLM, SamplingParams
-from speclm.engine.llm_engine import LLMEngine
-from speclm.spec.tree import TokenTree, limit_depth
-from speclm.spec.proposer import Proposal
+from speclm.sample.tree import TokenTree
+from speclm.speculative.proposer import Proposal
 from tests.conftest import STORIES_MODEL, STORIES_TOKENIZER
-from tests.spec.tree_proposers import OracleTreeProposer
+from tests.helpers import generate_with_proposer
+from tests.speculative.tree_proposers import OracleTreeProposer
 
 PROMPTS = ["", "Once upon a time", "Tom and Lily went to the park. Tom", "One day, a little bird"]
 PARAMS = SamplingParams(max_tokens=48, ignore_eos=True)
@@ -32,8 +32,7 @@ def test_tree_speculation_greedy_equals_plain_greedy(llm_and_reference, k):
     for i, prompt in enumerate(PROMPTS):
         ids = llm.tokenizer.encode(prompt)
         proposer = OracleTreeProposer(reference[prompt], llm.model.config.vocab_size, seed=100 * k + i)
-        engine = LLMEngine(llm.engine.runner, llm.tokenizer, proposer, k, adaptive=False)
-        out = engine.generate(llm._request(ids, PARAMS))
+        out = generate_with_proposer(llm, proposer, ids, PARAMS, k)
         assert ids + out.token_ids == reference[prompt], (k, prompt)
         accepted_deep += sum(a >= 3 for a in proposer.accepted)
         assert out.stats.decode_tokens == len(out.token_ids)
@@ -43,7 +42,7 @@ def test_tree_speculation_greedy_equals_plain_greedy(llm_and_reference, k):
 
 def test_limit_depth_keeps_a_parents_first_tree():
     p = Proposal([10, 11, 12, 13, 14], None, [-1, 0, -1, 1, 2])  # depths 1 2 1 3 2
-    cut = limit_depth(p, 2)
+    cut = p.limited_to_depth(2)
     assert cut.tokens == [10, 11, 12, 14] and cut.parents == [-1, 0, -1, 2]
     assert TokenTree(tuple(cut.parents)).depths() == [0, 1, 2, 1, 2]
     assert TokenTree((-1, 0, 0, 1)).row_paths() == [[0], [0, 1], [0, 1, 2], [0, 1, 3], [0, 1, 2, 4]]
@@ -54,7 +53,7 @@ def test_default_model_int4_tree_speculation_greedy_equals_plain_greedy(specbenc
     """SmolLM2 with int4 weights (bf16 activations): tree rows must attend exactly like decoding.
     One tree-masked SDPA call per layer instead diverged from plain greedy on 7 of 12 such runs
     (measured); the per-row decoding-shaped attention matches on all."""
-    from tests.spec.test_greedy_equality import default_model_prompts
+    from tests.speculative.test_greedy_equality import default_model_prompts
 
     llm = LLM(weights="int4")
     params = SamplingParams(max_tokens=40, ignore_eos=True)
@@ -62,6 +61,6 @@ def test_default_model_int4_tree_speculation_greedy_equals_plain_greedy(specbenc
         reference = ids + llm.generate(ids, params)[0].token_ids
         k = (4, 16)[i % 2]
         proposer = OracleTreeProposer(reference, llm.model.config.vocab_size, seed=10 * i + k)
-        out = LLMEngine(llm.engine.runner, llm.tokenizer, proposer, k, adaptive=False).generate(llm._request(ids, params))
+        out = generate_with_proposer(llm, proposer, ids, params, k)
         assert ids + out.token_ids == reference, (i, k)
         assert max(proposer.accepted) >= 3  # deep paths were accepted

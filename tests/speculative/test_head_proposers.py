@@ -6,11 +6,10 @@ import torch
 
 from speclm import SamplingParams
 from speclm.config import SpecConfig
-from speclm.engine.llm_engine import LLMEngine
-from speclm.engine.model_runner import ModelRunner
-from speclm.spec.heads import EagleHead, MedusaHeads, save_head
-from speclm.spec.medusa import static_tree
-from tests.spec.tree_proposers import OracleTreeProposer
+from speclm.speculative.heads import EagleHead, MedusaHeads, save_head
+from speclm.speculative.medusa import static_tree
+from tests.speculative.tree_proposers import OracleTreeProposer
+from tests.helpers import ContiguousPass, generate_with_proposer
 
 PROMPTS = ["", "Once upon a time", "Tom and Lily went to the park. Tom"]
 PARAMS = SamplingParams(max_tokens=40, ignore_eos=True)
@@ -76,6 +75,7 @@ class FeatureRecorder(OracleTreeProposer):
     """An oracle tree proposer that also collects the features the engine hands over."""
 
     wants_features = True
+    feature_history = True  # every position's feature, so no prefix-cache reuse
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -91,12 +91,10 @@ def test_features_are_the_targets_own_at_every_committed_position(stories_llm, k
     ids = stories_llm.tokenizer.encode("Tom and Lily went to the park. Tom")
     full = ids + stories_llm.generate(ids, PARAMS)[0].token_ids
     proposer = FeatureRecorder(full, stories_llm.model.config.vocab_size, seed=k)
-    engine = LLMEngine(stories_llm.engine.runner, stories_llm.tokenizer, proposer, k, adaptive=False)
-    out = engine.generate(stories_llm._request(ids, PARAMS))
+    out = generate_with_proposer(stories_llm, proposer, ids, PARAMS, k)
     assert ids + out.token_ids == full and max(proposer.accepted) >= min(k, 3)
     received = torch.cat(proposer.features)  # [L - 1, hidden]
-    runner = ModelRunner(stories_llm.model)
-    expected, _ = runner.prefill_features(runner.new_cache(len(full)), full[:-1])
+    expected = ContiguousPass(stories_llm.model, len(full)).hidden(full[:-1], 0)
     assert received.shape == expected.shape
     torch.testing.assert_close(received, expected, rtol=1e-4, atol=1e-4)
 
@@ -136,14 +134,14 @@ def test_cli_runs_heads_and_rejects_bad_ones(head_dirs, tmp_path, capsys):
 
 
 def test_bench_methods_keep_head_options_together():
-    from speclm.cli.bench import split_methods
+    from speclm.cli.common import split_methods
 
     assert split_methods("ar, ngram,eagle:d/x,topk=1,depth=3,medusa:m,width=2") == [
         "ar", "ngram", "eagle:d/x,topk=1,depth=3", "medusa:m,width=2"]
 
 
 def test_head_sampling_runs_and_is_reproducible(stories_llm, head_dirs):
-    """Sampled runs with top-k/top-p (exactness itself: tests/spec/test_tree_exactness.py). Fixed K:
+    """Sampled runs with top-k/top-p (exactness itself: tests/speculative/test_tree_exactness.py). Fixed K:
     adaptive K follows measured timings, which changes the drafts and so the random stream."""
     llm = stories_llm.with_spec(f"eagle:{head_dirs['eagle-perturbed']},topk=3,beam=2", num_speculative_tokens=6,
                                 adaptive=False)
@@ -163,18 +161,18 @@ def test_heads_in_bf16_run_quantized_and_stay_exact(head_dirs):
     for spec in (f"eagle:{head_dirs['eagle-perturbed']},topk=3", f"eagle:{head_dirs['eagle']},topk=1",
                  f"medusa:{head_dirs['medusa-perturbed']}"):
         fast = llm.with_spec(spec, num_speculative_tokens=6, adaptive=False)
-        assert any(isinstance(m, BF16Linear) for m in fast.engine.proposer.__dict__["head" if "eagle" in spec else "heads"].modules())
+        proposer = fast.proposers(fast.spec)
+        assert any(isinstance(m, BF16Linear) for m in proposer.__dict__["head" if "eagle" in spec else "heads"].modules())
         assert fast.generate("Once upon a time", PARAMS)[0].token_ids == expected, spec
 
 
 def test_sampled_eagle_chain_carries_its_draft_distribution(stories_llm, head_dirs):
     """At temperature > 0 an EAGLE chain draws from its processed q (zero outside the token_map)."""
     llm = stories_llm.with_spec(f"eagle:{head_dirs['eagle-perturbed']},topk=1", num_speculative_tokens=4, adaptive=False)
-    proposer = llm.engine.proposer
+    proposer = llm.proposers(llm.spec)
     ids = stories_llm.tokenizer.encode("Once upon a time")
     proposer.start(ids, 64)
-    runner = ModelRunner(stories_llm.model)
-    hidden, _ = runner.prefill_features(runner.new_cache(64), ids[:-1])
+    hidden = ContiguousPass(stories_llm.model, 64).hidden(ids[:-1], 0)
     proposer.add_features(hidden)
     params = SamplingParams(temperature=0.9, top_k=50)
     proposal = proposer.propose(ids, 4, params, torch.Generator().manual_seed(0))

@@ -1,17 +1,18 @@
 """Draft-model proposers: a separate small model (draft:PATH) or the target's first N layers (layerskip:N)."""
 from __future__ import annotations
 
+import copy
 import json
 import os
 
 import torch
 
-from speclm.models.layers import AttentionMetadata
+from speclm.models.attention import AttentionMetadata
 from speclm.models.llama import LlamaModel
 from speclm.sample.sampler import processed_probs, sample_from_probs
 from speclm.sampling_params import SamplingParams
-from speclm.spec.heads import draft_lm_head
-from speclm.spec.proposer import Proposal
+from speclm.speculative.heads import draft_lm_head
+from speclm.speculative.proposer import Proposal, Proposer
 
 TOKEN_MAP_FILE = "speclm_token_map.json"  # beside a draft's weights; not *.safetensors, which loaders read as weights
 
@@ -31,7 +32,7 @@ def load_token_map(model_dir: str, vocab_size: int) -> torch.Tensor | None:
     return ids
 
 
-class DraftModelProposer:
+class DraftModelProposer(Proposer):
     """Runs a cheaper model autoregressively for k steps with its own KV cache.
 
     The cache stays in sync by construction: before each proposal the proposer keeps the longest
@@ -46,8 +47,8 @@ class DraftModelProposer:
     def __init__(self, model: LlamaModel, num_layers: int | None = None, name: str = "draft",
                  token_map: torch.Tensor | None = None) -> None:
         self.model = model
-        if model.lean_kernels is None:  # a draft model of its own (layerskip shares the runner's target)
-            model.use_lean_kernels()
+        if model.lean_ops is None:  # a draft model of its own (layerskip shares the runner's target)
+            model.use_lean_ops()
         self.num_layers = num_layers
         self.name = name
         self.token_map = token_map
@@ -55,6 +56,12 @@ class DraftModelProposer:
         self.lm_head = draft_lm_head(model.lm_head, token_map)  # over the token map when there is one
         self.cache = None
         self.cached_ids: list[int] = []
+
+    def fresh(self) -> DraftModelProposer:
+        """Another sequence's proposer on the same draft model and output head, with its own cache."""
+        other = copy.copy(self)
+        other.cache, other.cached_ids = None, []
+        return other
 
     def start(self, prompt_ids: list[int], capacity: int) -> None:
         self.cache = self.model.new_cache(capacity, self.num_layers)
@@ -104,6 +111,3 @@ class DraftModelProposer:
             if i + 1 < k:
                 logits = self._feed([token])
         return Proposal(tokens, torch.stack(probs) if probs else None)
-
-    def update(self, num_accepted: int) -> None:
-        pass  # the next propose() re-syncs the cache against the committed context

@@ -7,9 +7,9 @@ import torch
 from scipy.stats import power_divergence
 
 from speclm import SamplingParams
-from speclm.engine.model_runner import ModelRunner
 from speclm.sample.rejection import RejectionSampler
 from speclm.sample.sampler import processed_probs
+from tests.helpers import ContiguousPass
 
 NUM_SAMPLES = 3000
 ALPHA = 1e-3  # strict level: an exact sampler fails this with probability 0.001
@@ -17,14 +17,13 @@ ALPHA = 1e-3  # strict level: an exact sampler fails this with probability 0.001
 
 def exact_two_token_distribution(llm, prompt_ids: list[int], params: SamplingParams) -> np.ndarray:
     """P(t1, t2) = p(t1 | prompt) * p(t2 | prompt, t1) under the processed distribution, [vocab, vocab]."""
-    runner = ModelRunner(llm.model)
     n = len(prompt_ids)
-    cache = runner.new_cache(n + 1)
-    logits, _ = runner.forward(cache, prompt_ids, 0)
+    passes = ContiguousPass(llm.model, n + 1)
+    logits = passes.logits(prompt_ids, 0)
     p1 = processed_probs(logits[-1:], params)[0]  # [vocab]
     joint = torch.zeros(p1.shape[0], p1.shape[0], dtype=torch.float64)
     for t1 in torch.nonzero(p1).flatten().tolist():
-        step_logits, _ = runner.forward(cache, [t1], n)
+        step_logits = passes.logits([t1], n)
         joint[t1] = p1[t1].double() * processed_probs(step_logits, params)[0].double()
     return joint.numpy()
 
@@ -55,7 +54,7 @@ class ResidualSkippingVerifier(RejectionSampler):
     """A classic bug: after a rejection, resample from the target p instead of normalize(max(0, p - q))."""
 
     @staticmethod
-    def residual(p, draft_probs, draft_tokens, i):
+    def residual(p, q, x):
         return p
 
 

@@ -24,7 +24,9 @@ from torch import nn
 
 from speclm.kv.cache import KVCache
 from speclm.models.config import ModelConfig
-from speclm.models.layers import AttentionMetadata, DecoderLayer, RotaryEmbedding
+from speclm.models.attention import AttentionMetadata
+from speclm.models.layers import DecoderLayer
+from speclm.models.rope import RotaryEmbedding
 
 HEAD_CONFIG = "speclm_head.json"
 HEAD_WEIGHTS = "head.safetensors"

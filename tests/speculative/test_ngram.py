@@ -1,5 +1,5 @@
 """Prompt-lookup matching."""
-from speclm.spec.ngram import find_continuation
+from speclm.speculative.ngram import find_continuation
 
 
 def test_longest_suffix_match_wins_and_latest_occurrence_is_used():

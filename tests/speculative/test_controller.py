@@ -1,5 +1,5 @@
 """Adaptive speculation length."""
-from speclm.spec.adaptive import SpeculationController
+from speclm.speculative.controller import SpeculationController
 
 
 def feed(controller, k, accepted, draft_s, target_s, times=30):

@@ -1,15 +1,13 @@
-"""Token trees for speculation: the shape of a tree proposal and how the target verifies it in one pass.
+"""Token trees for speculation: the shape of a proposal and how the target verifies it in one pass.
 
 Rows of a verification pass: row 0 is the pending token (the root), row 1+i is draft node i. A row
 sits at position start + depth and attends to the prefix, its ancestors and itself (its *path*),
 so after the accepted path is moved into place its KV entries are those plain decoding would
-have written.
+have written. A chain of K drafts is the tree whose node i has parent i-1.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from speclm.spec.proposer import Proposal
 
 
 @dataclass(frozen=True)
@@ -23,7 +21,7 @@ class TokenTree:
             assert -1 <= p < i, f"tree node {i} has parent {p}; parents must come before their children"
 
     @classmethod
-    def chain(cls, n: int) -> "TokenTree":
+    def chain(cls, n: int) -> TokenTree:
         return cls(tuple(range(-1, n - 1)))
 
     @property
@@ -57,18 +55,3 @@ class TokenTree:
 
     def is_chain(self) -> bool:
         return all(p == i - 1 for i, p in enumerate(self.parents))
-
-
-def limit_depth(proposal: Proposal, max_depth: int) -> Proposal:
-    """The proposal without its nodes deeper than max_depth (their ancestors are shallower, so the
-    rest is still a tree in parents-first order)."""
-    depth = TokenTree(tuple(proposal.parents)).depths()[1:]
-    keep = [i for i, d in enumerate(depth) if d <= max_depth]
-    if len(keep) == len(depth):
-        return proposal
-    new_index = {old: new for new, old in enumerate(keep)}
-    return Proposal(
-        [proposal.tokens[i] for i in keep],
-        proposal.probs[keep] if proposal.probs is not None else None,
-        [new_index.get(proposal.parents[i], -1) for i in keep],
-    )

@@ -1,0 +1,43 @@
+"""A sequence of tokens being generated: what the scheduler and the block manager reason about."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Sequence:
+    """One sequence of tokens being generated (a request has one per sample when n > 1).
+
+    `num_computed` tokens have their keys/values in the cache; the rest of `token_ids` (the
+    prompt, or the last sampled token) still has to run through the model.
+    """
+
+    seq_id: str
+    prompt_ids: list[int]
+    max_total_tokens: int  # prompt + generated tokens this sequence may reach
+    output_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    num_preemptions: int = 0
+    finished: bool = False
+    reuse_prefix: bool = True  # False: compute the whole prompt even when cached blocks hold a prefix
+    # True (speculating sequences): the last token to compute is held back from prefill chunks and runs
+    # as a decoding step of its own, with drafts, so even the first generated tokens can be speculated.
+    hold_last: bool = False
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed
+
+    @property
+    def num_schedulable(self) -> int:
+        """Tokens that may run in the next step (see hold_last)."""
+        held = self.hold_last and self.num_uncomputed > 1
+        return self.num_uncomputed - held

@@ -1,0 +1,56 @@
+"""One place that turns a --spec value into a proposer for a target model."""
+from __future__ import annotations
+
+from speclm.config import HEAD_OPTIONS, SpecConfig
+from speclm.models.checkpoint import build_model
+from speclm.models.llama import LlamaModel
+from speclm.models.loader import load_checkpoint
+from speclm.models.quant_linear import WeightFormat, convert_linear_layers
+from speclm.speculative.draft_model import DraftModelProposer, load_token_map
+from speclm.speculative.eagle import EagleProposer
+from speclm.speculative.heads import load_head
+from speclm.speculative.medusa import MedusaProposer
+from speclm.speculative.ngram import NgramProposer
+from speclm.speculative.proposer import Proposer
+
+
+class ProposerFactory:
+    """Proposers for one target model. The first request for a method builds it (loading a draft
+    model or head once); every call returns a fresh() copy for one sequence."""
+
+    def __init__(self, target: LlamaModel, weights: WeightFormat | str | None = None) -> None:
+        self.target = target
+        self.weights = WeightFormat.parse(weights)
+        self._templates: dict[str, Proposer] = {}
+
+    def __call__(self, spec: SpecConfig) -> Proposer:
+        if spec.label not in self._templates:
+            self._templates[spec.label] = self._build(spec)
+        return self._templates[spec.label].fresh()
+
+    def _build(self, spec: SpecConfig) -> Proposer:
+        if spec.method == "ngram":
+            return NgramProposer(max_n=int(spec.argument) if spec.argument else 4)
+        if spec.method == "layerskip":
+            n, layers = int(spec.argument), self.target.config.num_layers
+            if not 1 <= n < layers:
+                raise ValueError(f"layerskip:{n} needs 1 <= N < {layers} (the model's layers)")
+            return DraftModelProposer(self.target, num_layers=n, name=spec.label)
+        if spec.method in HEAD_OPTIONS:
+            return self._head_proposer(spec)
+        draft = build_model(load_checkpoint(spec.argument), weights=self.weights)
+        if draft.config.vocab_size != self.target.config.vocab_size:
+            raise ValueError(f"draft model {spec.argument} has vocabulary {draft.config.vocab_size}, "
+                             f"the target {self.target.config.vocab_size}; they must share a tokenizer")
+        return DraftModelProposer(draft, name=spec.label,
+                                  token_map=load_token_map(spec.argument, draft.config.vocab_size))
+
+    def _head_proposer(self, spec: SpecConfig) -> Proposer:
+        path, options = spec.head_path_and_options()
+        head = load_head(path, self.target.config)
+        if head.kind != spec.method:
+            raise ValueError(f"{path} holds a {head.kind} head, not a {spec.method} head; use {head.kind}:{path}")
+        convert_linear_layers(head, self.weights)  # the head's layers run in the target's weight format
+        if spec.method == "medusa":
+            return MedusaProposer(self.target, head, name=spec.label, **options)
+        return EagleProposer(self.target, head, name=spec.label, **options)
