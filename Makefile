@@ -23,6 +23,8 @@ demo: install
 	$(BIN)/speclm generate --chat --weights int4 --spec ngram --prompt "$(PROMPT)" --max-tokens 128
 
 test: install
+	$(BIN)/ruff check speclm tests
+	$(BIN)/ruff format --check speclm tests
 	$(BIN)/python -m pytest -q
 
 # Learned drafters for the default model (issue 7), all under drafters/, in <= 60 minutes on 2 CPU cores:

@@ -1,4 +1,5 @@
 """speclm: a PyTorch LLM inference engine with lossless speculative decoding."""
+
 from speclm.llm import LLM
 from speclm.sampling_params import SamplingParams
 

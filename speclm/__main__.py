@@ -1,4 +1,5 @@
 """`python -m speclm` runs the command line."""
+
 import sys
 
 from speclm.cli import main

@@ -1,11 +1,14 @@
 """Engine-level configuration: which model, which speculative method, how many draft tokens."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-SPEC_METHODS_HELP = ("ngram | ngram:MAX_N | layerskip:N | draft:PATH | medusa:PATH[,width=W] | "
-                     "eagle:PATH[,topk=T,beam=B,depth=D] (medusa/eagle: K is the tree's node budget; "
-                     "eagle topk=1 drafts a chain of K)")
+SPEC_METHODS_HELP = (
+    "ngram | ngram:MAX_N | layerskip:N | draft:PATH | medusa:PATH[,width=W] | "
+    "eagle:PATH[,topk=T,beam=B,depth=D] (medusa/eagle: K is the tree's node budget; "
+    "eagle topk=1 drafts a chain of K)"
+)
 # Defaults sized for a CPU, where a verification pass over more than ~4 rows costs 2-6x a one-token
 # pass (benchmarks/tree_cost.md) and every draft depth costs an output-head matmul.
 HEAD_OPTIONS = {"medusa": {"width": 3}, "eagle": {"topk": 2, "beam": 2, "depth": 5}}
@@ -40,18 +43,22 @@ class SpecConfig:
         """For medusa/eagle: the head directory and its options (defaults filled in)."""
         path, *items = (self.argument or "").split(",")
         if not path:
-            raise ValueError(f"{self.method} needs a head directory, e.g. {self.method}:drafters/{self.method}-smollm2-135m")
+            raise ValueError(
+                f"{self.method} needs a head directory, e.g. {self.method}:drafters/{self.method}-smollm2-135m"
+            )
         options = dict(HEAD_OPTIONS[self.method])
         for item in items:
             key, _, value = item.partition("=")
             if key not in options or not value.isdigit() or int(value) < 1:
-                raise ValueError(f"bad {self.method} option {item!r}; expected "
-                                 + ", ".join(f"{k}=N (N >= 1, default {v})" for k, v in HEAD_OPTIONS[self.method].items()))
+                raise ValueError(
+                    f"bad {self.method} option {item!r}; expected "
+                    + ", ".join(f"{k}=N (N >= 1, default {v})" for k, v in HEAD_OPTIONS[self.method].items())
+                )
             options[key] = int(value)
         return path, options
 
     @classmethod
-    def parse(cls, spec: str, num_speculative_tokens: int = 4, adaptive: bool = True) -> "SpecConfig":
+    def parse(cls, spec: str, num_speculative_tokens: int = 4, adaptive: bool = True) -> SpecConfig:
         method, _, argument = spec.partition(":")
         return cls(method.strip().lower(), argument or None, num_speculative_tokens, adaptive)
 
@@ -86,11 +93,14 @@ class CacheConfig:
         if not self.kv_cache_mb > 0:
             raise ValueError(f"kv_cache_mb must be > 0, got {self.kv_cache_mb}")
         if self.streaming_window is not None and self.streaming_window <= self.attention_sinks:
-            raise ValueError(f"streaming_window ({self.streaming_window}) must exceed attention_sinks "
-                             f"({self.attention_sinks})")
+            raise ValueError(
+                f"streaming_window ({self.streaming_window}) must exceed attention_sinks ({self.attention_sinks})"
+            )
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, "
-                             f"got {self.max_num_seqs}, {self.max_num_batched_tokens}")
+            raise ValueError(
+                f"max_num_seqs and max_num_batched_tokens must be >= 1, "
+                f"got {self.max_num_seqs}, {self.max_num_batched_tokens}"
+            )
 
     def resolve_num_blocks(self, bytes_per_token: int, context_length: int) -> int:
         """Blocks in the pool for a model storing bytes_per_token of keys+values per token."""

@@ -1,4 +1,5 @@
 """The Python API: LLM(model=...).generate(prompts, SamplingParams(...)), on the same engine as the server."""
+
 from __future__ import annotations
 
 import itertools

@@ -1,4 +1,5 @@
 """Per-request sampling parameters; temperature == 0 means greedy."""
+
 from __future__ import annotations
 
 import math

@@ -1,5 +1,6 @@
 """Tokenizers built with the `tokenizers` library from GGUF metadata, tokenizer.json, or llama2.c files;
 chat templates; incremental detokenization for streaming."""
+
 from __future__ import annotations
 
 import json
@@ -77,8 +78,12 @@ class Tokenizer:
         def raise_exception(message: str) -> None:
             raise TemplateError(message)
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent, ensure_ascii=ensure_ascii)
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
+            x, indent=indent, ensure_ascii=ensure_ascii
+        )
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         special = {
@@ -98,7 +103,7 @@ class Tokenizer:
 
     # -- construction -------------------------------------------------------------------
     @classmethod
-    def from_gguf(cls, path: str) -> "Tokenizer":
+    def from_gguf(cls, path: str) -> Tokenizer:
         """From the `tokenizer.ggml.*` metadata of a GGUF file (gpt2 byte-level BPE or llama SentencePiece)."""
         from speclm.models.gguf_loader import field_value, open_gguf
 
@@ -113,7 +118,9 @@ class Tokenizer:
         eot = field_value(reader, "tokenizer.ggml.eot_token_id")
         if kind == "gpt2":
             merges = field_value(reader, "tokenizer.ggml.merges") or []
-            backend = byte_level_bpe(tokens, [tuple(m.split(" ", 1)) for m in merges], field_value(reader, "tokenizer.ggml.pre"))
+            backend = byte_level_bpe(
+                tokens, [tuple(m.split(" ", 1)) for m in merges], field_value(reader, "tokenizer.ggml.pre")
+            )
             default_add_bos = False
         elif kind == "llama":
             scores = field_value(reader, "tokenizer.ggml.scores")
@@ -131,7 +138,7 @@ class Tokenizer:
         return tokenizer
 
     @classmethod
-    def from_hf_dir(cls, path: str) -> "Tokenizer":
+    def from_hf_dir(cls, path: str) -> Tokenizer:
         """From tokenizer.json (+ tokenizer_config.json for the chat template and special tokens)."""
         file = os.path.join(path, "tokenizer.json")
         if not os.path.exists(file):
@@ -172,7 +179,7 @@ class Tokenizer:
         return cls(backend, bos, list(dict.fromkeys(eos_ids)), bool(add_bos), template)
 
     @classmethod
-    def from_llama2c(cls, path: str) -> "Tokenizer":
+    def from_llama2c(cls, path: str) -> Tokenizer:
         """From a llama2.c tokenizer.bin: int32 max_len, then per token float32 score, int32 len, bytes."""
         with open(path, "rb") as f:
             data = f.read()
@@ -204,8 +211,10 @@ def byte_level_bpe(tokens: list[str], merges: list[tuple[str, str]], pre: str | 
     )
     if pre in _SPLIT_BY_PRE:
         backend.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(_SPLIT_BY_PRE[pre]), behavior="isolated"),
-             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+            [
+                pre_tokenizers.Split(Regex(_SPLIT_BY_PRE[pre]), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
         )
     elif pre == "smollm":
         backend.pre_tokenizer = pre_tokenizers.Sequence(

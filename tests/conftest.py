@@ -1,4 +1,5 @@
 """Shared fixtures: the real tiny stories260K model and the default SmolLM2 model."""
+
 from __future__ import annotations
 
 import os

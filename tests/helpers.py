@@ -1,5 +1,6 @@
 """Test harness helpers: an engine around a given proposer object, and reference passes over a plain
 contiguous cache (what a model computes for a sequence, outside the engine)."""
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,9 @@ def engine_with_proposer(llm, proposer, k: int, adaptive: bool = False, config: 
     return Engine(llm.runner, llm.tokenizer, config or CacheConfig(), spec, make_proposer=lambda _: proposer)
 
 
-def generate_with_proposer(llm, proposer, prompt_ids: list[int], params, k: int, adaptive: bool = False,
-                           engine: Engine | None = None) -> RequestOutput:
+def generate_with_proposer(
+    llm, proposer, prompt_ids: list[int], params, k: int, adaptive: bool = False, engine: Engine | None = None
+) -> RequestOutput:
     engine = engine or engine_with_proposer(llm, proposer, k, adaptive)
     return engine.generate([llm._request(prompt_ids, params)])[0][0]
 

@@ -1,4 +1,5 @@
 """Bad input gets one clear error line naming the problem (exit code 2), never a traceback."""
+
 from __future__ import annotations
 
 import json
@@ -60,21 +61,25 @@ def bad_files(tmp_path_factory):
     writer.close()
     hf_gpt2 = d / "gpt2-hf"
     hf_gpt2.mkdir()
-    (hf_gpt2 / "config.json").write_text(json.dumps({
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 100, "n_embd": 32}))
+    (hf_gpt2 / "config.json").write_text(
+        json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 100, "n_embd": 32})
+    )
     return {**{k: str(p) for k, (p, _) in files.items()}, "gpt2_gguf": str(gpt2), "gpt2_hf": str(hf_gpt2)}
 
 
-@pytest.mark.parametrize("case, fragments", [
-    ("missing", ["model file not found", "/no/such/model.gguf"]),
-    ("truncated_data", ["truncated-data.gguf", "truncated or corrupt"]),
-    ("truncated_meta", ["truncated-meta.gguf", "truncated or corrupt"]),
-    ("garbage", ["garbage.gguf", "truncated or corrupt"]),
-    ("empty_gguf", ["empty.gguf", "not a GGUF file"]),
-    ("short_bin", ["short.bin", "too short to be a llama2.c checkpoint"]),
-    ("gpt2_gguf", ["unsupported GGUF architecture 'gpt2'", "llama, qwen2"]),
-    ("gpt2_hf", ["unsupported architecture", "GPT2LMHeadModel"]),
-])
+@pytest.mark.parametrize(
+    "case, fragments",
+    [
+        ("missing", ["model file not found", "/no/such/model.gguf"]),
+        ("truncated_data", ["truncated-data.gguf", "truncated or corrupt"]),
+        ("truncated_meta", ["truncated-meta.gguf", "truncated or corrupt"]),
+        ("garbage", ["garbage.gguf", "truncated or corrupt"]),
+        ("empty_gguf", ["empty.gguf", "not a GGUF file"]),
+        ("short_bin", ["short.bin", "too short to be a llama2.c checkpoint"]),
+        ("gpt2_gguf", ["unsupported GGUF architecture 'gpt2'", "llama, qwen2"]),
+        ("gpt2_hf", ["unsupported architecture", "GPT2LMHeadModel"]),
+    ],
+)
 def test_bad_model_files(case, fragments, bad_files, capsys):
     path = "/no/such/model.gguf" if case == "missing" else bad_files[case]
     code, out, err = run_cli(capsys, "generate", "--prompt", "hi", "--model", path, "--tokenizer", STORIES_TOKENIZER)
@@ -84,23 +89,34 @@ def test_bad_model_files(case, fragments, bad_files, capsys):
         load_checkpoint(path)
 
 
-@pytest.mark.parametrize("option, value, fragment", [
-    ("--temperature", "-0.5", "temperature must be a finite number >= 0, got -0.5"),
-    ("--top-p", "0", "top_p must be in (0, 1] (and above 0 in float32), got 0.0"),
-    ("--top-p", "1.5", "top_p must be in (0, 1] (and above 0 in float32), got 1.5"),
-    ("--max-tokens", "0", "max_tokens must be an integer >= 1, got 0"),
-    ("--top-k", "-1", "top_k must be a non-negative integer (0 disables it), got -1"),
-    ("--threads", "0", "threads must be a positive integer, got 0"),
-    ("--spec", "bogus", "unknown speculative method 'bogus'"),
-])
+@pytest.mark.parametrize(
+    "option, value, fragment",
+    [
+        ("--temperature", "-0.5", "temperature must be a finite number >= 0, got -0.5"),
+        ("--top-p", "0", "top_p must be in (0, 1] (and above 0 in float32), got 0.0"),
+        ("--top-p", "1.5", "top_p must be in (0, 1] (and above 0 in float32), got 1.5"),
+        ("--max-tokens", "0", "max_tokens must be an integer >= 1, got 0"),
+        ("--top-k", "-1", "top_k must be a non-negative integer (0 disables it), got -1"),
+        ("--threads", "0", "threads must be a positive integer, got 0"),
+        ("--spec", "bogus", "unknown speculative method 'bogus'"),
+    ],
+)
 def test_bad_sampling_and_engine_options(option, value, fragment, capsys):
     code, _, err = run_cli(capsys, "generate", "--prompt", "hi", *STORIES, option, value)
     assert_one_error_line(code, err, fragment)
 
 
 def test_sampling_params_api_rejects_bad_values():
-    for bad in ({"temperature": -1.0}, {"temperature": float("nan")}, {"top_p": 0.0}, {"top_p": 1.5},
-                {"max_tokens": 0}, {"top_k": -1}, {"stop": [""]}, {"seed": 1.5}):
+    for bad in (
+        {"temperature": -1.0},
+        {"temperature": float("nan")},
+        {"top_p": 0.0},
+        {"top_p": 1.5},
+        {"max_tokens": 0},
+        {"top_k": -1},
+        {"stop": [""]},
+        {"seed": 1.5},
+    ):
         with pytest.raises(ValueError, match=next(iter(bad))):
             SamplingParams(**bad)
 
@@ -142,14 +158,22 @@ def test_hub_id_without_network_fails_fast_and_clearly(monkeypatch, capsys):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline_snapshot_download)
     code, _, err = run_cli(capsys, "generate", "--prompt", "hi", "--model", "someorg/some-model")
     assert calls == ["someorg/some-model"]
-    assert_one_error_line(code, err, "'someorg/some-model' is not a local file or directory",
-                          "Hugging Face hub failed", "Without a network, pass a local path")
+    assert_one_error_line(
+        code,
+        err,
+        "'someorg/some-model' is not a local file or directory",
+        "Hugging Face hub failed",
+        "Without a network, pass a local path",
+    )
 
 
 def test_cli_subprocess_bad_value_exits_2_without_traceback():
     result = subprocess.run(
         [sys.executable, "-m", "speclm", "generate", "--prompt", "hi", *STORIES, "--temperature", "-1"],
-        capture_output=True, text=True, timeout=120, cwd=os.path.join(os.path.dirname(__file__), ".."),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.path.join(os.path.dirname(__file__), ".."),
     )
     assert result.returncode == 2
     assert result.stdout == ""

@@ -1,4 +1,5 @@
 """The `speclm` command line: generate (--json, streaming, --stop, empty prompt), chat over piped stdin, --help."""
+
 from __future__ import annotations
 
 import io
@@ -8,7 +9,7 @@ import pytest
 
 from speclm.cli import COMMANDS, build_parser, main
 from speclm.sampling_params import SamplingParams
-from tests.conftest import STORIES_GOLDEN, STORIES_MODEL, STORIES_TOKENIZER
+from tests.conftest import STORIES_MODEL, STORIES_TOKENIZER
 
 STORIES = ["--model", STORIES_MODEL, "--tokenizer", STORIES_TOKENIZER]
 

@@ -1,4 +1,5 @@
 """Golden output: stories260K, greedy from BOS alone, must produce the known text exactly."""
+
 from speclm import SamplingParams
 from tests.conftest import STORIES_GOLDEN
 

@@ -1,4 +1,5 @@
 """Draft heads (Medusa, EAGLE): shapes, identity init, save/load round trip, training forward."""
+
 import pytest
 import torch
 
@@ -29,7 +30,9 @@ def test_token_map_restricts_the_draft_head_to_the_subset(target):
     torch.testing.assert_close(subset, full[:, token_map], rtol=1e-5, atol=1e-5)
     assert draft_lm_head(target.lm_head, None) is target.lm_head
     with pytest.raises(ValueError, match="token_map"):
-        MedusaHeads(target.config.hidden_size, target.config.vocab_size, token_map=torch.tensor([target.config.vocab_size]))
+        MedusaHeads(
+            target.config.hidden_size, target.config.vocab_size, token_map=torch.tensor([target.config.vocab_size])
+        )
 
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
@@ -47,7 +50,9 @@ def test_save_load_round_trip(tmp_path, target, kind):
     assert type(loaded) is type(head)
     for (name, a), (_, b) in zip(head.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(a, b), name
-    other = target.config.__class__.from_hf_dict(target.config.to_hf_dict() | {"hidden_size": 8, "num_attention_heads": 2, "num_key_value_heads": 2})
+    other = target.config.__class__.from_hf_dict(
+        target.config.to_hf_dict() | {"hidden_size": 8, "num_attention_heads": 2, "num_key_value_heads": 2}
+    )
     with pytest.raises(ValueError, match="hidden size"):
         load_head(tmp_path / kind, other)
     with pytest.raises(ValueError, match="not a draft-head directory"):

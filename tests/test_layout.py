@@ -1,5 +1,6 @@
 """The code's shape, checked: packages import only downwards along the data flow, no module import
 cycle, no file over 400 lines (see docs/architecture.md)."""
+
 from __future__ import annotations
 
 import ast
@@ -109,8 +110,11 @@ def test_no_import_cycles():
 
 
 def test_no_file_over_400_lines():
-    long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(ROOT.parent)): n
+        for p in ROOT.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert long == {}
 
 

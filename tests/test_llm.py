@@ -1,4 +1,5 @@
 """The Python API's sampling behaviour on stories260K: seeds, top_k=1, stop strings, EOS, max_tokens."""
+
 from __future__ import annotations
 
 import copy
@@ -10,8 +11,13 @@ GOLDEN_IDS = [403, 407, 261, 378, 432, 383]
 
 
 def test_same_seed_same_tokens_different_seeds_differ(stories_llm):
-    runs = {seed: [stories_llm.generate("Once", SamplingParams(temperature=1.0, seed=seed, max_tokens=30))[0].token_ids
-                   for _ in range(2)] for seed in (1, 2, 3)}
+    runs = {
+        seed: [
+            stories_llm.generate("Once", SamplingParams(temperature=1.0, seed=seed, max_tokens=30))[0].token_ids
+            for _ in range(2)
+        ]
+        for seed in (1, 2, 3)
+    }
     for a, b in runs.values():
         assert a == b
     assert len({tuple(a) for a, _ in runs.values()}) == 3

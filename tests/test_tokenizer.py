@@ -1,5 +1,6 @@
 """Tokenizers: the default GGUF's equals transformers', llama2.c's tok512 equals llama2.c's algorithm,
 HF tokenizer.json directories load with their chat template."""
+
 from __future__ import annotations
 
 import json
@@ -88,6 +89,7 @@ def test_default_gguf_chat_template_matches_transformers(messages, smollm_tokeni
 
 # -- llama2.c tok512.bin ------------------------------------------------------------------------
 
+
 def llama2c_vocab(path: str) -> tuple[list[bytes], list[float]]:
     with open(path, "rb") as f:
         data = f.read()
@@ -156,8 +158,10 @@ def test_llama2c_tokenizer_basics(tok512):
 
 # -- a Hugging Face tokenizer directory ---------------------------------------------------------
 
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -168,14 +172,25 @@ def hf_tokenizer_dir(tmp_path_factory):
     backend = Backend(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "</s>", "<|user|>", "<|assistant|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<s>", "</s>", "<|user|>", "<|assistant|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     backend.train_from_iterator(STORIES * 20 + TEXTS, trainer)
     directory = tmp_path_factory.mktemp("hf_tok")
     backend.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True, "chat_template": TEMPLATE,
-        "tokenizer_class": "PreTrainedTokenizerFast"}))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "add_bos_token": True,
+                "chat_template": TEMPLATE,
+                "tokenizer_class": "PreTrainedTokenizerFast",
+            }
+        )
+    )
     return str(directory)
 
 
@@ -192,10 +207,13 @@ def test_hf_dir_tokenizer_matches_transformers(hf_tokenizer_dir):
     assert rendered == "<|system|>You are terse.</s><|user|>What is 12 + 30? Answer briefly.</s><|assistant|>"
     assert ours.encode_chat(WITH_SYSTEM)[-1] == ours.token_to_id("<|assistant|>")
     # --tokenizer may name the tokenizer.json file itself
-    assert load_tokenizer("unused-model-path", os.path.join(hf_tokenizer_dir, "tokenizer.json")).encode("hi") == ours.encode("hi")
+    assert load_tokenizer("unused-model-path", os.path.join(hf_tokenizer_dir, "tokenizer.json")).encode(
+        "hi"
+    ) == ours.encode("hi")
 
 
 # -- incremental detokenization (streaming) -----------------------------------------------------
+
 
 @pytest.mark.parametrize("text", ["naïve café 😀 日本語 done.", "a\n\n  b\tc 12345", "Zebra? ünïcode"])
 def test_incremental_detokenizer_equals_full_decode(text, smollm_tokenizers, tok512):
@@ -209,10 +227,11 @@ def test_incremental_detokenizer_equals_full_decode(text, smollm_tokenizers, tok
         detok = IncrementalDetokenizer(tokenizer, prompt)
         deltas = [detok.add([i]) for i in ids]
         assert all("\ufffd" not in d for d in deltas)
-        assert "".join(deltas) == tokenizer.decode(prompt + ids)[len(tokenizer.decode(prompt)):]
+        assert "".join(deltas) == tokenizer.decode(prompt + ids)[len(tokenizer.decode(prompt)) :]
 
 
 # -- a SentencePiece ("llama") GGUF tokenizer ---------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def sentencepiece_gguf(tmp_path_factory):
@@ -223,8 +242,14 @@ def sentencepiece_gguf(tmp_path_factory):
     tokens = ["<unk>", "<s>", "</s>"] + [p.decode().replace(" ", "\u2581") for p in pieces[3:]]
     directory = tmp_path_factory.mktemp("sp")
     writer = gguf.GGUFWriter(str(directory / "sp.gguf"), "llama")
-    for add, value in ((writer.add_context_length, 512), (writer.add_embedding_length, 64), (writer.add_block_count, 1),
-                       (writer.add_feed_forward_length, 128), (writer.add_head_count, 4), (writer.add_head_count_kv, 4)):
+    for add, value in (
+        (writer.add_context_length, 512),
+        (writer.add_embedding_length, 64),
+        (writer.add_block_count, 1),
+        (writer.add_feed_forward_length, 128),
+        (writer.add_head_count, 4),
+        (writer.add_head_count_kv, 4),
+    ):
         add(value)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)

@@ -1,4 +1,5 @@
 """`speclm bench --compare`: speclm's weight formats against llama.cpp and transformers in one run."""
+
 from __future__ import annotations
 
 import resource
@@ -43,7 +44,9 @@ def first_divergence(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def time_engines(engines: list, prompt_ids: list[list[int]], max_tokens: int, repeats: int, progress=print) -> list[dict]:
+def time_engines(
+    engines: list, prompt_ids: list[list[int]], max_tokens: int, repeats: int, progress=print
+) -> list[dict]:
     """Every engine on every prompt, interleaved (repeat > prompt > engine) so drifts in the shared
     machine's load hit all engines alike. One warm-up generation per engine first."""
     for engine in engines:
@@ -53,8 +56,16 @@ def time_engines(engines: list, prompt_ids: list[list[int]], max_tokens: int, re
         for i, ids in enumerate(prompt_ids):
             for engine in engines:
                 tokens, seconds = engine.generate(ids, max_tokens)
-                records.append({"engine": engine.name, "repeat": r, "prompt": i, "tokens": len(tokens),
-                                "seconds": seconds, "token_ids": tokens})
+                records.append(
+                    {
+                        "engine": engine.name,
+                        "repeat": r,
+                        "prompt": i,
+                        "tokens": len(tokens),
+                        "seconds": seconds,
+                        "token_ids": tokens,
+                    }
+                )
             progress(f"repeat {r + 1}/{repeats}, prompt {i + 1}/{len(prompt_ids)} done")
     return records
 
@@ -71,10 +82,16 @@ def summarize(records: list[dict], reference: str, baseline: str | None) -> dict
     summary = {}
     for name, repeats in per_repeat.items():
         rates = [tokens / seconds for tokens, seconds in repeats.values()]
-        divergence = [first_divergence(rec["token_ids"], ref_ids[rec["prompt"]])
-                      for rec in records if rec["engine"] == name and rec["repeat"] == 0]
-        summary[name] = {"tokens_per_s": statistics.median(rates), "tokens_per_s_runs": rates,
-                         "first_divergence": divergence}
+        divergence = [
+            first_divergence(rec["token_ids"], ref_ids[rec["prompt"]])
+            for rec in records
+            if rec["engine"] == name and rec["repeat"] == 0
+        ]
+        summary[name] = {
+            "tokens_per_s": statistics.median(rates),
+            "tokens_per_s_runs": rates,
+            "first_divergence": divergence,
+        }
     base = summary.get(baseline, {}).get("tokens_per_s") if baseline else None
     for s in summary.values():
         s["ratio_to_baseline"] = s["tokens_per_s"] / base if base else None
@@ -101,8 +118,12 @@ def verification_cost(llm: LLM, max_k: int = 8, context: int = 128, reps: int = 
 
     def step(n: int) -> float:
         t0 = time.perf_counter()
-        hidden = model(torch.tensor(ids[context : context + n]), torch.arange(context, context + n), cache,
-                       AttentionMetadata(context, n))
+        hidden = model(
+            torch.tensor(ids[context : context + n]),
+            torch.arange(context, context + n),
+            cache,
+            AttentionMetadata(context, n),
+        )
         model.compute_logits(hidden)
         return time.perf_counter() - t0
 
@@ -113,8 +134,10 @@ def verification_cost(llm: LLM, max_k: int = 8, context: int = 128, reps: int = 
         for n in range(1, max_k + 2):  # interleaved, like the engines
             times[n].append(step(n))
     single = statistics.median(times[1])
-    return {"single_token_ms": single * 1e3,
-            "ratio": {k: statistics.median(times[k + 1]) / single for k in range(1, max_k + 1)}}
+    return {
+        "single_token_ms": single * 1e3,
+        "ratio": {k: statistics.median(times[k + 1]) / single for k in range(1, max_k + 1)},
+    }
 
 
 def _kernel_times(run, steps: int) -> dict[str, tuple[float, float]]:
@@ -161,23 +184,32 @@ def decode_profile(llm: LLM, steps: int = 16, top: int = 10) -> dict:
         "matmul_ms_per_token": matmul,
         "kernel_ms_per_token": sum(ms for ms, _ in kernels.values()),
         "aten_calls_per_token": sum(e.count for e in ops) / steps,
-        "kernels": [{"op": k, "ms_per_token": ms, "calls_per_token": calls} for k, (ms, calls) in
-                    sorted(kernels.items(), key=lambda kv: -kv[1][0])],
-        "top_ops": [{"op": e.key, "ms_per_token": e.self_cpu_time_total / steps / 1e3, "calls_per_token": e.count / steps}
-                    for e in ops[:top]],
+        "kernels": [
+            {"op": k, "ms_per_token": ms, "calls_per_token": calls}
+            for k, (ms, calls) in sorted(kernels.items(), key=lambda kv: -kv[1][0])
+        ],
+        "top_ops": [
+            {"op": e.key, "ms_per_token": e.self_cpu_time_total / steps / 1e3, "calls_per_token": e.count / steps}
+            for e in ops[:top]
+        ],
     }
 
 
 RSS_SNIPPETS = {
-    "speclm": ("import torch; from speclm import LLM, SamplingParams; "
-               "llm = LLM({model!r}, weights={weights!r}, threads={threads}); "
-               "llm.generate([1, 2, 3], SamplingParams(max_tokens=16, ignore_eos=True))"),
+    "speclm": (
+        "import torch; from speclm import LLM, SamplingParams; "
+        "llm = LLM({model!r}, weights={weights!r}, threads={threads}); "
+        "llm.generate([1, 2, 3], SamplingParams(max_tokens=16, ignore_eos=True))"
+    ),
     # without importing speclm (and so torch): llama.cpp's own footprint
-    "llama.cpp": ("import itertools; from llama_cpp import Llama; "
-                  "llama = Llama({model!r}, n_threads={threads}, verbose=False); "
-                  "list(itertools.islice(llama.generate([1, 2, 3], top_k=1, temp=0.0), 16))"),
-    "transformers": ("from speclm.bench.peers import TransformersPeer; "
-                     "TransformersPeer({model!r}).generate([1, 2, 3], 16)"),
+    "llama.cpp": (
+        "import itertools; from llama_cpp import Llama; "
+        "llama = Llama({model!r}, n_threads={threads}, verbose=False); "
+        "list(itertools.islice(llama.generate([1, 2, 3], top_k=1, temp=0.0), 16))"
+    ),
+    "transformers": (
+        "from speclm.bench.peers import TransformersPeer; TransformersPeer({model!r}).generate([1, 2, 3], 16)"
+    ),
 }
 
 

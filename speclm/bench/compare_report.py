@@ -1,4 +1,5 @@
 """Run `speclm bench --compare` end to end and write its JSON and markdown report."""
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,7 @@ def run_compare(args: argparse.Namespace, prompts: list[dict]) -> dict:
     prompt_ids = [tokenizer.encode_chat([{"role": "user", "content": p["text"]}]) for p in prompts]
 
     engines = []
-    for fmt, llm in llms.items():
+    for llm in llms.values():
         engines += [SpeclmEngine(llm, None, args.k), SpeclmEngine(llm, args.spec_method, args.k)]
     if "llama.cpp" in peers:
         from speclm.bench.peers import LlamaCppPeer
@@ -87,61 +88,109 @@ def run_compare(args: argparse.Namespace, prompts: list[dict]) -> dict:
         for peer in peers:
             log(f"peak RSS of a fresh {peer} process ...")
             rss[peer] = peak_rss_mb(peer, model_path, threads)
-    command = "speclm bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "speclm bench --compare"
+    command = (
+        "speclm bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        if sys.argv[1:2] == ["bench"]
+        else "speclm bench --compare"
+    )
     return {
-        "command": command, "machine": machine_info(), "threads": threads, "model": model_path,
-        "max_tokens": args.max_tokens, "repeats": args.repeats, "k": args.k, "spec_method": args.spec_method,
-        "prompts": [{"id": p["id"], "category": p["category"], "prompt_tokens": len(ids)} for p, ids in zip(prompts, prompt_ids)],
-        "reference": reference, "baseline": baseline, "summary": summary, "quality": quality,
-        "best_ar_format": best, "verification_cost": verify, "decode_profile": profile,
-        "peak_rss_mb": rss, "bench_process_peak_rss_mb": in_process_rss, "records": records,
+        "command": command,
+        "machine": machine_info(),
+        "threads": threads,
+        "model": model_path,
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "k": args.k,
+        "spec_method": args.spec_method,
+        "prompts": [
+            {"id": p["id"], "category": p["category"], "prompt_tokens": len(ids)} for p, ids in zip(prompts, prompt_ids)
+        ],
+        "reference": reference,
+        "baseline": baseline,
+        "summary": summary,
+        "quality": quality,
+        "best_ar_format": best,
+        "verification_cost": verify,
+        "decode_profile": profile,
+        "peak_rss_mb": rss,
+        "bench_process_peak_rss_mb": in_process_rss,
+        "records": records,
     }
 
 
 def compare_markdown(r: dict) -> str:
     m = r["machine"]
     lines = [
-        f"# speclm bench --compare: {os.path.basename(r['model'])}, greedy, {r['max_tokens']} tokens, {r['threads']} thread(s)",
+        f"# speclm bench --compare: {os.path.basename(r['model'])}, greedy, {r['max_tokens']} tokens, "
+        f"{r['threads']} thread(s)",
         "",
         f"Command: `{r['command']}`",
         "",
-        f"Machine: {m.get('cpu')}, {m.get('cores')} cores, torch {m.get('torch')}. Absolute numbers depend on what else "
+        f"Machine: {m.get('cpu')}, {m.get('cores')} cores, torch {m.get('torch')}. "
+        "Absolute numbers depend on what else "
         "the machine runs (this tool does not check), so engines ran interleaved (repeat > prompt > engine) and "
-        "tokens/s is the median over repeats of (all tokens / all seconds, prefill included) — compare ratios, not absolutes.",
+        "tokens/s is the median over repeats of (all tokens / all seconds, prefill included) — "
+        "compare ratios, not absolutes.",
         "",
-        f"Prompts: {len(r['prompts'])} Spec-Bench prompts ({', '.join(sorted({p['category'] for p in r['prompts']}))}), "
+        f"Prompts: {len(r['prompts'])} Spec-Bench prompts "
+        f"({', '.join(sorted({p['category'] for p in r['prompts']}))}), "
         f"chat template, EOS ignored; {r['repeats']} repeats. Reference for agreement: `{r['reference']}` "
         "(fp32 = the dequantized GGUF).",
         "",
-        "| engine | tokens/s (median) | x llama.cpp AR | first divergence from fp32 per prompt | prompts identical >= 32 tokens |",
+        "| engine | tokens/s (median) | x llama.cpp AR | first divergence from fp32 per prompt "
+        "| prompts identical >= 32 tokens |",
         "|---|---:|---:|---|---:|",
     ]
     for name, s in r["summary"].items():
         ratio = f"{s['ratio_to_baseline']:.2f}x" if s.get("ratio_to_baseline") else "-"
         div = s["first_divergence"]
         same32 = sum(d >= min(32, r["max_tokens"]) for d in div)
-        lines.append(f"| {name} | {s['tokens_per_s']:.1f} | {ratio} | {' '.join(map(str, div))} | {same32}/{len(div)} |")
-    lines += ["", "Perplexity on a fixed text (speclm formats; change vs fp32 = dequantized GGUF):", "",
-              "| format | perplexity | change |", "|---|---:|---:|"]
+        lines.append(
+            f"| {name} | {s['tokens_per_s']:.1f} | {ratio} | {' '.join(map(str, div))} | {same32}/{len(div)} |"
+        )
+    lines += [
+        "",
+        "Perplexity on a fixed text (speclm formats; change vs fp32 = dequantized GGUF):",
+        "",
+        "| format | perplexity | change |",
+        "|---|---:|---:|",
+    ]
     for fmt, q in r["quality"].items():
         lines.append(f"| {fmt} | {q['perplexity']:.3f} | {100 * q['perplexity_change']:+.2f}% |")
-    lines += ["", "Verification cost: time of one target pass over K+1 tokens / a 1-token pass (fixed 128-token context, medians):",
-              "", "| format | 1-token ms | " + " | ".join(f"K={k}" for k in range(1, 9)) + " |",
-              "|---|---:|" + "---:|" * 8]
+    lines += [
+        "",
+        "Verification cost: time of one target pass over K+1 tokens / a 1-token pass "
+        "(fixed 128-token context, medians):",
+        "",
+        "| format | 1-token ms | " + " | ".join(f"K={k}" for k in range(1, 9)) + " |",
+        "|---|---:|" + "---:|" * 8,
+    ]
     for fmt, v in r["verification_cost"].items():
-        lines.append(f"| {fmt} | {v['single_token_ms']:.1f} | " + " | ".join(f"{x:.2f}" for x in v["ratio"].values()) + " |")
+        lines.append(
+            f"| {fmt} | {v['single_token_ms']:.1f} | " + " | ".join(f"{x:.2f}" for x in v["ratio"].values()) + " |"
+        )
     p = r["decode_profile"]
-    lines += ["", f"Where a decode step's time goes (`{r['best_ar_format']}`, torch.profiler, per token): "
-              f"wall {p['wall_ms_per_token_profiled']:.1f} ms, inside aten ops {p['aten_ms_per_token']:.1f} ms "
-              f"({p['aten_calls_per_token']:.0f} op calls), of which aten matmul kernels {p['matmul_ms_per_token']:.1f} ms; "
-              f"in speclm's C++ kernels (cProfile, another pass) {p.get('kernel_ms_per_token', 0.0):.1f} ms. "
-              "Profilers slow the step down: compare shares, not the wall time.",
-              "", "| op | ms/token | calls/token |", "|---|---:|---:|"]
+    lines += [
+        "",
+        f"Where a decode step's time goes (`{r['best_ar_format']}`, torch.profiler, per token): "
+        f"wall {p['wall_ms_per_token_profiled']:.1f} ms, inside aten ops {p['aten_ms_per_token']:.1f} ms "
+        f"({p['aten_calls_per_token']:.0f} op calls), of which aten matmul kernels {p['matmul_ms_per_token']:.1f} ms; "
+        f"in speclm's C++ kernels (cProfile, another pass) {p.get('kernel_ms_per_token', 0.0):.1f} ms. "
+        "Profilers slow the step down: compare shares, not the wall time.",
+        "",
+        "| op | ms/token | calls/token |",
+        "|---|---:|---:|",
+    ]
     for op in p.get("kernels", []) + p["top_ops"]:
         lines.append(f"| {op['op']} | {op['ms_per_token']:.2f} | {op['calls_per_token']:.0f} |")
     if r["peak_rss_mb"]:
-        lines += ["", "Peak RSS of a fresh process that loads the engine and generates 16 tokens:", "",
-                  "| engine | peak RSS MB |", "|---|---:|"]
+        lines += [
+            "",
+            "Peak RSS of a fresh process that loads the engine and generates 16 tokens:",
+            "",
+            "| engine | peak RSS MB |",
+            "|---|---:|",
+        ]
         lines += [f"| {k} | {v:.0f} |" for k, v in r["peak_rss_mb"].items()]
     return "\n".join(lines) + "\n"
 

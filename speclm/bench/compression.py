@@ -6,11 +6,11 @@ Runs the same library calls as `speclm quantize` / `speclm prune` followed by `s
 one process (the model is loaded and the text tokenized once); results are appended to the JSON
 after every configuration so a long run keeps what it finished. `--markdown` renders the table.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import torch
@@ -50,20 +50,26 @@ CONFIGS = [  # (label, kind, method, extra), in priority order: a run cut short 
 def cli_command(kind: str, method: str | None, extra: dict, a: argparse.Namespace) -> str:
     """The equivalent `speclm` commands for one configuration (compress to DIR, then evaluate)."""
     model = (f"--model {a.model} " if a.model else "") + (f"--tokenizer {a.tokenizer} " if a.tokenizer else "")
-    ev = (f"speclm eval ppl --model {{}} --text {a.text} --categories {','.join(EVAL_CATEGORIES)} "
-          f"--seq-len {a.seq_len}" + (f" --max-windows {a.eval_windows}" if a.eval_windows else ""))
+    ev = (
+        f"speclm eval ppl --model {{}} --text {a.text} --categories {','.join(EVAL_CATEGORIES)} "
+        f"--seq-len {a.seq_len}" + (f" --max-windows {a.eval_windows}" if a.eval_windows else "")
+    )
     if kind == "none":
         cmd = ev.format(a.model) if a.model else ev.replace("--model {} ", "")
         return cmd + (f" --tokenizer {a.tokenizer}" if a.tokenizer else "")
-    calib = (f" --calib-text {a.text} --calib-exclude-categories {','.join(EVAL_CATEGORIES)} "
-             f"--calib-samples {a.calib_samples} --calib-seq-len {a.calib_seq_len} --seed {a.seed}")
+    calib = (
+        f" --calib-text {a.text} --calib-exclude-categories {','.join(EVAL_CATEGORIES)} "
+        f"--calib-samples {a.calib_samples} --calib-seq-len {a.calib_seq_len} --seed {a.seed}"
+    )
     if kind == "quantize":
         needs = QuantizeOptions(method).needs_calibration
         cmd = f"speclm quantize {model}--method {method} --out DIR" + (calib if needs else "")
         cmd += " --no-act-order" if extra.get("act_order") is False else ""
     else:
         opt = f"--pattern {extra['pattern']}" if "pattern" in extra else f"--sparsity {extra['sparsity']}"
-        cmd = f"speclm prune {model}--method {method} {opt} --out DIR" + (calib if method in ("wanda", "sparsegpt") else "")
+        cmd = f"speclm prune {model}--method {method} {opt} --out DIR" + (
+            calib if method in ("wanda", "sparsegpt") else ""
+        )
     return f"{cmd} && {ev.format('DIR')}"
 
 
@@ -74,11 +80,25 @@ def run(a: argparse.Namespace) -> None:
     windows = eval_windows(eval_stream, a.seq_len)[: a.eval_windows or None]  # 0: every window
     calib_stream = tokenize_stream(tokenizer, read_texts(a.text, exclude=EVAL_CATEGORIES))
     calib = calibration_windows(calib_stream, a.calib_samples, a.calib_seq_len, a.seed)
-    report = {"model": a.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized to fp32)", "label": a.label,
-              "machine": machine_info(), "eval": {"text": a.text, "categories": EVAL_CATEGORIES, "seq_len": a.seq_len,
-              "windows": int(windows.shape[0]), "tokens": int(windows.shape[0] * (a.seq_len - 1))},
-              "calibration": {"exclude_categories": EVAL_CATEGORIES, "samples": a.calib_samples,
-                              "seq_len": a.calib_seq_len, "seed": a.seed}, "results": []}
+    report = {
+        "model": a.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized to fp32)",
+        "label": a.label,
+        "machine": machine_info(),
+        "eval": {
+            "text": a.text,
+            "categories": EVAL_CATEGORIES,
+            "seq_len": a.seq_len,
+            "windows": int(windows.shape[0]),
+            "tokens": int(windows.shape[0] * (a.seq_len - 1)),
+        },
+        "calibration": {
+            "exclude_categories": EVAL_CATEGORIES,
+            "samples": a.calib_samples,
+            "seq_len": a.calib_seq_len,
+            "seed": a.seed,
+        },
+        "results": [],
+    }
     only = set(a.only.split(",")) if a.only else None
     if a.update:  # re-run some rows of an existing report: same eval and calibration, other rows kept
         with open(a.json) as f:
@@ -102,8 +122,13 @@ def run(a: argparse.Namespace) -> None:
             n, m = (int(v) for v in extra["pattern"].split(":")) if "pattern" in extra else (0, 0)
             sparsity = prune_model(model, PruneOptions(method, extra.get("sparsity", 0.5), n, m), calib)
         result = perplexity(model, windows, progress=False)
-        row = {"config": label, "perplexity": result.perplexity, "sparsity": sparsity,
-               "seconds": round(time.time() - start, 1), "command": cli_command(kind, method, extra, a)}
+        row = {
+            "config": label,
+            "perplexity": result.perplexity,
+            "sparsity": sparsity,
+            "seconds": round(time.time() - start, 1),
+            "command": cli_command(kind, method, extra, a),
+        }
         print(json.dumps(row), flush=True)
         row["window_nll"] = result.window_nll
         report["results"].append(row)
@@ -112,15 +137,24 @@ def run(a: argparse.Namespace) -> None:
             json.dump(report, f, indent=2)
 
 
-PAIRS = [("GPTQ int4 (g128)", "RTN int4 (g128)"), ("GPTQ int4 (g128) without act-order", "RTN int4 (g128)"),
-         ("GPTQ int4 (g128)", "GPTQ int4 (g128) without act-order"), ("AWQ int4 (g128)", "RTN int4 (g128)"),
-         ("GPTQ int3 (g128)", "RTN int3 (g128)"), ("AWQ int3 (g128)", "RTN int3 (g128)"),
-         ("SparseGPT 50%", "Wanda 50%"), ("SparseGPT 2:4", "Wanda 2:4")]
+PAIRS = [
+    ("GPTQ int4 (g128)", "RTN int4 (g128)"),
+    ("GPTQ int4 (g128) without act-order", "RTN int4 (g128)"),
+    ("GPTQ int4 (g128)", "GPTQ int4 (g128) without act-order"),
+    ("AWQ int4 (g128)", "RTN int4 (g128)"),
+    ("GPTQ int3 (g128)", "RTN int3 (g128)"),
+    ("AWQ int3 (g128)", "RTN int3 (g128)"),
+    ("SparseGPT 50%", "Wanda 50%"),
+    ("SparseGPT 2:4", "Wanda 2:4"),
+]
 
 
 def paired_difference(a: list[float], b: list[float], tokens_per_window: int) -> tuple[float, float]:
     """Mean per-token NLL difference a - b over the same windows, and its standard error (window-level pairs)."""
-    d = torch.tensor(a, dtype=torch.float64) / tokens_per_window - torch.tensor(b, dtype=torch.float64) / tokens_per_window
+    d = (
+        torch.tensor(a, dtype=torch.float64) / tokens_per_window
+        - torch.tensor(b, dtype=torch.float64) / tokens_per_window
+    )
     return d.mean().item(), (d.std() / len(d) ** 0.5).item() if len(d) > 1 else float("nan")
 
 
@@ -134,28 +168,46 @@ def paired_lines(r: dict) -> list[str]:
             out.append(f"| {a} - {b} | {mean:+.4f} | {se:.4f} | {mean / se:+.1f} |")
     if not out:
         return []
-    return ["", "Paired comparison over the same windows: mean per-token NLL difference (nats; negative = the first "
-            "is better), its standard error across windows, and their ratio.", "",
-            "| comparison | NLL difference | std. error | z |", "|---|---:|---:|---:|", *out]
+    return [
+        "",
+        "Paired comparison over the same windows: mean per-token NLL difference (nats; negative = the first "
+        "is better), its standard error across windows, and their ratio.",
+        "",
+        "| comparison | NLL difference | std. error | z |",
+        "|---|---:|---:|---:|",
+        *out,
+    ]
 
 
 def markdown(paths: list[str]) -> str:
     """One table per JSON report, with the setup and the exact commands."""
-    lines = ["# Compression results: perplexity (lower is better)", "",
-             "Generated by `python -m speclm.bench.compression` (commands below). Evaluation text: the `summarization` "
-             "articles of the Spec-Bench prompts (`speclm/data/specbench_dev.jsonl`); calibration: random windows (seeded) from all *other* "
-             "categories, so the two are disjoint. Perplexity = exp(mean NLL) over non-overlapping windows from one "
-             "tokenization (remainder dropped). Only decoder Linear weights are compressed; embeddings, norms and the "
-             "head stay fp32.", ""]
+    lines = [
+        "# Compression results: perplexity (lower is better)",
+        "",
+        "Generated by `python -m speclm.bench.compression` (commands below). Evaluation text: the `summarization` "
+        "articles of the Spec-Bench prompts (`speclm/data/specbench_dev.jsonl`); "
+        "calibration: random windows (seeded) from all *other* "
+        "categories, so the two are disjoint. Perplexity = exp(mean NLL) over non-overlapping windows from one "
+        "tokenization (remainder dropped). Only decoder Linear weights are compressed; embeddings, norms and the "
+        "head stay fp32.",
+        "",
+    ]
     for path in paths:
         with open(path) as f:
             r = json.load(f)
         e, c = r["eval"], r["calibration"]
         base = r["results"][0]["perplexity"] if r["results"] and r["results"][0]["config"] == "fp32" else None
-        lines += [f"## {r['label']}", "", f"Model: {r['model']}. Eval: {e['windows']} windows x {e['seq_len']} tokens "
-                  f"({e['tokens']} predicted tokens). Calibration: {c['samples']} windows x {c['seq_len']} tokens, seed {c['seed']}. "
-                  f"Machine: {r['machine'].get('cpu', '')} ({r['machine'].get('torch_threads', '')} torch threads).", "",
-                  "| configuration | perplexity | vs fp32 | weight sparsity |", "|---|---:|---:|---:|"]
+        lines += [
+            f"## {r['label']}",
+            "",
+            f"Model: {r['model']}. Eval: {e['windows']} windows x {e['seq_len']} tokens "
+            f"({e['tokens']} predicted tokens). Calibration: {c['samples']} windows x {c['seq_len']} tokens, "
+            f"seed {c['seed']}. "
+            f"Machine: {r['machine'].get('cpu', '')} ({r['machine'].get('torch_threads', '')} torch threads).",
+            "",
+            "| configuration | perplexity | vs fp32 | weight sparsity |",
+            "|---|---:|---:|---:|",
+        ]
         for row in r["results"]:
             delta = f"{row['perplexity'] / base:.3f}x" if base else ""
             sp = f"{row['sparsity']:.1%}" if row["sparsity"] is not None else ""

@@ -5,6 +5,7 @@ a 5xx, a body outside OpenAI's error envelope, or a response that does not match
 python -m speclm.bench.fuzz [--url URL | --model M --weights W] --examples N --out benchmarks/NAME
 (without --url it starts `speclm serve`'s app on loopback itself).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,33 +72,49 @@ def fuzz_server(url: str, examples: int = 100, seed: int = 0) -> dict:
         for mode in modes:  # (a GET without parameters has no invalid form)
             checks = [schemathesis.checks.not_a_server_error]
             if mode == GenerationMode.POSITIVE:  # valid requests: the answer must match the document too
-                checks += [schemathesis.checks.status_code_conformance,
-                           schemathesis.checks.content_type_conformance,
-                           schemathesis.checks.response_schema_conformance]
+                checks += [
+                    schemathesis.checks.status_code_conformance,
+                    schemathesis.checks.content_type_conformance,
+                    schemathesis.checks.response_schema_conformance,
+                ]
 
             @given(case=operation.as_strategy(generation_mode=mode))
-            @settings(max_examples=examples, deadline=None, database=None, derandomize=seed == 0,
-                      suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+            @settings(
+                max_examples=examples,
+                deadline=None,
+                database=None,
+                derandomize=seed == 0,
+                suppress_health_check=list(HealthCheck),
+                phases=[Phase.generate],
+            )
             def run(case) -> None:
                 response = case.call(base_url=url, timeout=60)
                 record(method, path, case.body, response)
                 try:
                     case.validate_response(response, checks=checks)
                 except Exception as e:  # schemathesis reports a rule broken; keep going, count it
-                    failures.append(f"{method} {path} {json.dumps(case.body, default=str)[:200]}: "
-                                    f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
+                    failures.append(
+                        f"{method} {path} {json.dumps(case.body, default=str)[:200]}: "
+                        f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
+                    )
 
             run()
     with httpx.Client(timeout=60) as client:
         for path, body in HOSTILE_BODIES:
-            response = client.post(f"{url}{path}", content=json.dumps(body).encode(),
-                                   headers={"content-type": "application/json"})
+            response = client.post(
+                f"{url}{path}", content=json.dumps(body).encode(), headers={"content-type": "application/json"}
+            )
             record("POST", path, body, response)
     alive = httpx.get(f"{url}/health", timeout=10).status_code == 200
     if not alive:
         failures.append("/health is not ok after the run: the engine died")
-    return {"cases": sum(statuses.values()), "statuses": dict(sorted(statuses.items())), "failures": failures,
-            "engine_alive": alive, "seconds": round(time.perf_counter() - t0, 1)}
+    return {
+        "cases": sum(statuses.values()),
+        "statuses": dict(sorted(statuses.items())),
+        "failures": failures,
+        "engine_alive": alive,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         report = fuzz_server(args.url, args.examples, args.seed)
     else:
         from speclm.bench.serve_bench import serve_in_thread
-        from speclm.server.app import build_app
         from speclm.config import CacheConfig
         from speclm.llm import LLM
+        from speclm.server.app import build_app
         from speclm.server.config import ServerConfig
 
         llm = LLM(args.model, weights=args.weights)
@@ -129,11 +146,12 @@ def main(argv: list[str] | None = None) -> int:
         with open(f"{args.out}.json", "w") as f:
             json.dump(report, f, indent=1)
         with open(f"{args.out}.md", "w") as f:
-            f.write(f"# Server fuzzing\n\n`{report['command']}`\n\n{report['cases']} cases in {report['seconds']} s; "
-                    f"statuses {report['statuses']}; engine alive after the run: {report['engine_alive']}; "
-                    f"rule breaks (5xx other than 503, non-OpenAI error bodies, answers outside the OpenAPI "
-                    f"document): **{len(report['failures'])}**.\n\n"
-                    + "".join(f"- {x}\n" for x in report["failures"][:50]))
+            f.write(
+                f"# Server fuzzing\n\n`{report['command']}`\n\n{report['cases']} cases in {report['seconds']} s; "
+                f"statuses {report['statuses']}; engine alive after the run: {report['engine_alive']}; "
+                f"rule breaks (5xx other than 503, non-OpenAI error bodies, answers outside the OpenAPI "
+                f"document): **{len(report['failures'])}**.\n\n" + "".join(f"- {x}\n" for x in report["failures"][:50])
+            )
     return 0 if not report["failures"] else 1
 
 

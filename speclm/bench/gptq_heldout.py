@@ -6,10 +6,10 @@ calibration tokens versus held-out tokens, for one decoder layer of a model.
 Inputs of layer N come from the fp model (layers 0..N-1 unquantized); held-out = 4 windows of the
 summarization articles, calibration = random windows of the other Spec-Bench categories.
 """
+
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 
@@ -40,8 +40,13 @@ def main() -> None:
     model = rebuild(checkpoint)
     scheme = QuantScheme(4, 128, False)
     calib_stream = tokenize_stream(tokenizer, read_texts(a.text, exclude=["summarization"]))
-    held = layer_inputs(model, eval_windows(tokenize_stream(tokenizer, read_texts(a.text, ["summarization"])), 256)[:4], a.layer)
-    print("| calibration | linear | calib RTN | calib GPTQ | held-out RTN | held-out GPTQ |\n|---|---|---:|---:|---:|---:|")
+    held = layer_inputs(
+        model, eval_windows(tokenize_stream(tokenizer, read_texts(a.text, ["summarization"])), 256)[:4], a.layer
+    )
+    print(
+        "| calibration | linear | calib RTN | calib GPTQ | held-out RTN | held-out GPTQ |\n"
+        "|---|---|---:|---:|---:|---:|"
+    )
     for n in (int(v) for v in a.samples.split(",")):
         cal = layer_inputs(model, calibration_windows(calib_stream, n, 256, 0), a.layer)
         for name in LINEAR_NAMES:
@@ -51,8 +56,11 @@ def main() -> None:
             def err(x: torch.Tensor, wq: torch.Tensor) -> float:
                 return (x @ (w - wq).T).pow(2).mean().item()
 
-            print(f"| {n}x256 | {name} | {err(cal[name], w_rtn):.3g} | {err(cal[name], w_gptq):.3g} | "
-                  f"{err(held[name], w_rtn):.3g} | {err(held[name], w_gptq):.3g} |", flush=True)
+            print(
+                f"| {n}x256 | {name} | {err(cal[name], w_rtn):.3g} | {err(cal[name], w_gptq):.3g} | "
+                f"{err(held[name], w_rtn):.3g} | {err(held[name], w_gptq):.3g} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

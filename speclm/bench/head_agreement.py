@@ -10,6 +10,7 @@ timing noise. `coverage` is the share of the target's tokens inside the head's t
 on agreement. Training-time validation (`speclm distill --val-fraction`) scores unseen answers to the
 *training* prompt pool instead, inside the token map.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,20 +20,20 @@ from collections import defaultdict
 import torch
 
 from speclm.bench.machine import machine_info
-from speclm.data import load_prompts
 from speclm.bench.report import write_json
+from speclm.data import SPECBENCH_PROMPTS, load_prompts
 from speclm.distill.data import DataSettings, TargetData, load_or_build
 from speclm.distill.objectives import EagleObjective
 from speclm.models.attention import AttentionMetadata
 from speclm.speculative.heads import EagleHead, load_head
-from speclm.data import SPECBENCH_PROMPTS
 
 DEFAULT_PROMPTS = SPECBENCH_PROMPTS
 
 
 @torch.inference_mode()
-def first_draft_agreement(head: EagleHead, embed: torch.Tensor, output_head: torch.Tensor, data: TargetData,
-                          categories: list[str]) -> dict[str, dict[str, float]]:
+def first_draft_agreement(
+    head: EagleHead, embed: torch.Tensor, output_head: torch.Tensor, data: TargetData, categories: list[str]
+) -> dict[str, dict[str, float]]:
     """Per category (and 'overall'): scored rows, agreement and token-map coverage. embed and
     output_head are the target's fp32 [vocab, hidden] matrices; categories[i] is sequence i's."""
     token_map = head.token_map
@@ -48,8 +49,9 @@ def first_draft_agreement(head: EagleHead, embed: torch.Tensor, output_head: tor
         rows = EagleObjective._first_pass_rows(n, prompt_len)  # row t predicts token t+2, a response token
         if not rows.any():
             continue
-        predicted = head(features[:-1], embed[tokens[1:]], torch.arange(1, n), head.new_cache(n - 1),
-                         AttentionMetadata(0, n - 1))
+        predicted = head(
+            features[:-1], embed[tokens[1:]], torch.arange(1, n), head.new_cache(n - 1), AttentionMetadata(0, n - 1)
+        )
         proposal = (predicted[rows] @ draft_head.T).argmax(-1)
         if token_map is not None:
             proposal = token_map[proposal]
@@ -83,27 +85,44 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(head, EagleHead):
             raise SystemExit(f"{path} is a {head.kind} head; this benchmark scores EAGLE heads")
     settings = DataSettings()
-    prompts = [q for q in load_prompts(args.prompts, per_category=args.per_category)
-               if len(llm.tokenizer.encode_chat([{"role": "user", "content": q["text"]}])) <= settings.max_prompt_tokens]
+    prompts = [
+        q
+        for q in load_prompts(args.prompts, per_category=args.per_category)
+        if len(llm.tokenizer.encode_chat([{"role": "user", "content": q["text"]}])) <= settings.max_prompt_tokens
+    ]
     data, _ = load_or_build(llm, args.weights, [q["text"] for q in prompts], settings, args.data_dir)
     tensors = load_checkpoint(llm.model_path).tensors
     embed = tensors["model.embed_tokens.weight"].float()
     output_head = embed if llm.model.config.tie_word_embeddings else tensors["lm_head.weight"].float()
-    results = {h: first_draft_agreement(loaded[h].float(), embed, output_head, data, [q["category"] for q in prompts])
-               for h in heads}
+    results = {
+        h: first_draft_agreement(loaded[h].float(), embed, output_head, data, [q["category"] for q in prompts])
+        for h in heads
+    }
 
-    command = (f"python -m speclm.bench.head_agreement --heads {args.heads} --per-category {args.per_category} "
-               f"--weights {args.weights} --threads {args.threads} --name {args.name}")
+    command = (
+        f"python -m speclm.bench.head_agreement --heads {args.heads} --per-category {args.per_category} "
+        f"--weights {args.weights} --threads {args.threads} --name {args.name}"
+    )
     machine = machine_info()
-    write_json(os.path.join(args.out, f"{args.name}.json"),
-               {"command": command, "machine": machine, "prompts": len(prompts), "results": results})
-    lines = [f"# EAGLE first-draft agreement on the benchmark's prompts ({len(prompts)} of {args.prompts}, "
-             f"{args.per_category} per category, prompts over {settings.max_prompt_tokens} tokens left out)", "",
-             f"Command: `{command}`", "", f"Machine: {machine.get('cpu')}, torch {machine.get('torch')}.", "",
-             "Teacher-forced over the target's greedy answers: a row agrees when the head's top token is the "
-             "target's greedy token (full vocabulary); coverage is the share of the target's tokens inside the "
-             "head's token map.", "",
-             "| head | category | rows | agreement | coverage |", "|---|---|---:|---:|---:|"]
+    write_json(
+        os.path.join(args.out, f"{args.name}.json"),
+        {"command": command, "machine": machine, "prompts": len(prompts), "results": results},
+    )
+    lines = [
+        f"# EAGLE first-draft agreement on the benchmark's prompts ({len(prompts)} of {args.prompts}, "
+        f"{args.per_category} per category, prompts over {settings.max_prompt_tokens} tokens left out)",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {machine.get('cpu')}, torch {machine.get('torch')}.",
+        "",
+        "Teacher-forced over the target's greedy answers: a row agrees when the head's top token is the "
+        "target's greedy token (full vocabulary); coverage is the share of the target's tokens inside the "
+        "head's token map.",
+        "",
+        "| head | category | rows | agreement | coverage |",
+        "|---|---|---:|---:|---:|",
+    ]
     for h in heads:
         for key in sorted(results[h], key=lambda k: (k == "overall", k)):
             r = results[h][key]

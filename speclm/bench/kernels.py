@@ -1,5 +1,6 @@
 """Microbenchmark of speclm's CPU kernels against the torch ops they replace, on SmolLM2-135M's shapes
 (`python -m speclm.bench.kernels --threads 2`; writes benchmarks/kernels.{json,md})."""
+
 from __future__ import annotations
 
 import argparse
@@ -45,7 +46,9 @@ def int4_rows(kernels, repeats: int) -> list[dict]:
         for m in ROWS:
             x = torch.randn(m, k_in).bfloat16()
             ours = best_us(lambda: kernels.int4_matmul(x, layer.weight, 32, layer.scales_and_zeros), repeats)
-            theirs = best_us(lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, torch_packed, 32, torch_pairs), repeats)
+            theirs = best_us(
+                lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, torch_packed, 32, torch_pairs), repeats
+            )
             out.append({"op": f"int4 {n_out}x{k_in}", "rows": m, "speclm_us": ours, "torch_us": theirs})
     return out
 
@@ -64,8 +67,14 @@ def head_rows(kernels, repeats: int) -> list[dict]:
     out = []
     for m in ROWS:
         x = torch.randn(m, 576)
-        out.append({"op": "w8a8 head 49152x576", "rows": m, "speclm_us": best_us(lambda: ours_layer(x), repeats // 10),
-                    "torch_us": best_us(lambda: fbgemm_layer(x), repeats // 10)})
+        out.append(
+            {
+                "op": "w8a8 head 49152x576",
+                "rows": m,
+                "speclm_us": best_us(lambda: ours_layer(x), repeats // 10),
+                "torch_us": best_us(lambda: fbgemm_layer(x), repeats // 10),
+            }
+        )
     return out
 
 
@@ -78,9 +87,18 @@ def attention_rows(kernels, repeats: int) -> list[dict]:
             q = torch.randn(heads, m, d)
             rows = DecodeRows.causal(length, m)
             ours = best_us(lambda: attend_like_decoding(q, keys, values, rows), repeats)
-            theirs = best_us(lambda: [F.scaled_dot_product_attention(
-                q[None, :, i : i + 1], keys[None, :, : length - m + i + 1], values[None, :, : length - m + i + 1],
-                enable_gqa=True) for i in range(m)], repeats)
+            theirs = best_us(
+                lambda: [
+                    F.scaled_dot_product_attention(
+                        q[None, :, i : i + 1],
+                        keys[None, :, : length - m + i + 1],
+                        values[None, :, : length - m + i + 1],
+                        enable_gqa=True,
+                    )
+                    for i in range(m)
+                ],
+                repeats,
+            )
             out.append({"op": f"attention 9 heads, {length} keys", "rows": m, "speclm_us": ours, "torch_us": theirs})
     return out
 
@@ -95,19 +113,30 @@ def main(argv: list[str] | None = None) -> int:
     kernels = cpu_kernels()
     if kernels is None or not (kernels.int4_available() and kernels.w8a8_available()):
         raise SystemExit("speclm's CPU kernels (with AVX-512 BF16 and VNNI) are not available here")
-    records = int4_rows(kernels, args.repeats) + head_rows(kernels, args.repeats) + attention_rows(kernels, args.repeats)
+    records = (
+        int4_rows(kernels, args.repeats) + head_rows(kernels, args.repeats) + attention_rows(kernels, args.repeats)
+    )
     command = f"python -m speclm.bench.kernels --threads {args.threads} --repeats {args.repeats}"
     machine = machine_info()
     write_json(os.path.join(args.out, "kernels.json"), {"command": command, "machine": machine, "records": records})
-    lines = ["# speclm CPU kernels vs the torch ops they replace (SmolLM2-135M shapes)", "", f"Command: `{command}`", "",
-             f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
-             f"({args.threads} threads). Cache-warm microbenchmark (the same weights every call; in a model the int4 "
-             "weights come from memory): best of 3 means, microseconds. torch side: `_weight_int4pack_mm_for_cpu`, "
-             "fbgemm's dynamic linear (the w8a8 head's fallback), one SDPA call per row (the attention fallback).",
-             "", "| op | rows | speclm us | torch us | torch / speclm |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        "# speclm CPU kernels vs the torch ops they replace (SmolLM2-135M shapes)",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
+        f"({args.threads} threads). Cache-warm microbenchmark (the same weights every call; in a model the int4 "
+        "weights come from memory): best of 3 means, microseconds. torch side: `_weight_int4pack_mm_for_cpu`, "
+        "fbgemm's dynamic linear (the w8a8 head's fallback), one SDPA call per row (the attention fallback).",
+        "",
+        "| op | rows | speclm us | torch us | torch / speclm |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for r in records:
-        lines.append(f"| {r['op']} | {r['rows']} | {r['speclm_us']:.1f} | {r['torch_us']:.1f} | "
-                     f"{r['torch_us'] / r['speclm_us']:.2f}x |")
+        lines.append(
+            f"| {r['op']} | {r['rows']} | {r['speclm_us']:.1f} | {r['torch_us']:.1f} | "
+            f"{r['torch_us'] / r['speclm_us']:.2f}x |"
+        )
     with open(os.path.join(args.out, "kernels.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -1,4 +1,5 @@
 """A description of the machine a benchmark ran on, stored next to its numbers."""
+
 from __future__ import annotations
 
 import os

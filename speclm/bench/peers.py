@@ -3,6 +3,7 @@
 Each peer is a small object with `generate(prompt_ids, max_tokens) -> (new token ids, seconds)`,
 so `speclm bench --compare` can interleave them with speclm's own methods prompt by prompt.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,11 +37,16 @@ class TransformersPeer:
         with torch.inference_mode():
             t0 = time.perf_counter()
             out = self.model.generate(
-                inp, attention_mask=torch.ones_like(inp), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                do_sample=False, pad_token_id=0, **extra,
+                inp,
+                attention_mask=torch.ones_like(inp),
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                do_sample=False,
+                pad_token_id=0,
+                **extra,
             )
             seconds = time.perf_counter() - t0
-        return out[0, len(prompt_ids):].tolist(), seconds
+        return out[0, len(prompt_ids) :].tolist(), seconds
 
 
 class LlamaCppPeer:
@@ -55,8 +61,13 @@ class LlamaCppPeer:
             raise ValueError("peer llama.cpp needs `pip install llama-cpp-python` (speclm[bench])") from e
         draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup) if prompt_lookup else None
         self.llama = Llama(
-            model_path, n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx, logits_all=draft is not None,
-            draft_model=draft, verbose=False,
+            model_path,
+            n_threads=threads,
+            n_threads_batch=threads,
+            n_ctx=n_ctx,
+            logits_all=draft is not None,
+            draft_model=draft,
+            verbose=False,
         )
         self.name = "llama.cpp" + (f"+prompt_lookup:{prompt_lookup}" if prompt_lookup else "")
 
@@ -71,7 +82,9 @@ class LlamaCppPeer:
         return tokens, time.perf_counter() - t0
 
 
-def transformers_greedy(model_path: str, prompt_ids: list[list[int]], max_tokens: int, prompt_lookup: int = 0) -> list[dict]:
+def transformers_greedy(
+    model_path: str, prompt_ids: list[list[int]], max_tokens: int, prompt_lookup: int = 0
+) -> list[dict]:
     """Greedy `generate` from transformers on each prompt (one warm-up first): tokens, seconds, ids."""
     peer = TransformersPeer(model_path, prompt_lookup)
     peer.generate(prompt_ids[0], 4)  # warm-up

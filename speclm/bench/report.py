@@ -1,4 +1,5 @@
 """Write benchmark results as JSON, a markdown table and a PNG plot."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,9 @@ def write_json(path: str, payload: dict) -> None:
         json.dump(payload, f, indent=2)
 
 
-def markdown_table(summary: dict, methods: list[str], title: str, command: str, machine: dict,
-                   greedy: bool = True) -> str:
+def markdown_table(
+    summary: dict, methods: list[str], title: str, command: str, machine: dict, greedy: bool = True
+) -> str:
     """The per-category table. Output mismatches against the first method only mean something for
     greedy runs (sampled runs draw different random numbers per method), so they show as "-" otherwise."""
     lines = [
@@ -24,10 +26,11 @@ def markdown_table(summary: dict, methods: list[str], title: str, command: str, 
         "",
         "tokens/s and speedup count the whole request (prefill included); decode columns leave prefill out.",
         "",
-        "| category | method | prompts | tokens/s | speedup vs AR | decode tokens/s | decode speedup | tau | acceptance | per-position acceptance | greedy mismatches |",
+        "| category | method | prompts | tokens/s | speedup vs AR | decode tokens/s | decode speedup | tau "
+        "| acceptance | per-position acceptance | greedy mismatches |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
-    categories = sorted((c for c in summary if c != "overall")) + ["overall"]
+    categories = sorted(c for c in summary if c != "overall") + ["overall"]
     for category in categories:
         for method in methods:
             m = summary.get(category, {}).get(method)

@@ -4,6 +4,7 @@ A real server (uvicorn on 127.0.0.1, a free port) runs in this process; C stream
 send requests back to back until the level's requests are done. Every request generates exactly
 max_tokens tokens (ignore_eos), so throughput is tokens / wall time.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -78,32 +79,48 @@ async def run_level(url: str, prompts: list[list[int]], concurrency: int, num_re
     itl = [x for r in results for x in r["itl"]]
     tokens = num_requests * max_tokens
     return {
-        "concurrency": concurrency, "requests": num_requests, "tokens": tokens, "seconds": wall,
-        "tokens_per_s": tokens / wall, "prompt_tokens": prompt_tokens,
+        "concurrency": concurrency,
+        "requests": num_requests,
+        "tokens": tokens,
+        "seconds": wall,
+        "tokens_per_s": tokens / wall,
+        "prompt_tokens": prompt_tokens,
         "total_tokens_per_s": (tokens + prompt_tokens) / wall,
-        "ttft_p50": percentile(ttft, 0.5), "ttft_p99": percentile(ttft, 0.99),
-        "itl_p50": percentile(itl, 0.5), "itl_p99": percentile(itl, 0.99),
+        "ttft_p50": percentile(ttft, 0.5),
+        "ttft_p99": percentile(ttft, 0.99),
+        "itl_p50": percentile(itl, 0.5),
+        "itl_p99": percentile(itl, 0.99),
         "itl_mean": statistics.fmean(itl) if itl else 0.0,
     }
 
 
 def markdown(results: dict, title: str, command: str, machine: dict, note: str) -> str:
-    lines = [f"# {title}", "", f"Command: `{command}`", "",
-             f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
-             f"({machine.get('torch_threads')} threads). {note}", "",
-             "ITL is the gap between streamed chunks (a speculative step can stream several tokens at once).", "",
-             "tokens/s counts generated tokens; prompt+gen/s adds the prompt tokens prefilled.", "",
-             "| mode | concurrency | requests | tokens/s | vs concurrency 1 | vs first mode | prompt+gen tokens/s | "
-             "TTFT p50 (s) | TTFT p99 (s) | ITL p50 (ms) | ITL p99 (ms) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"# {title}",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
+        f"({machine.get('torch_threads')} threads). {note}",
+        "",
+        "ITL is the gap between streamed chunks (a speculative step can stream several tokens at once).",
+        "",
+        "tokens/s counts generated tokens; prompt+gen/s adds the prompt tokens prefilled.",
+        "",
+        "| mode | concurrency | requests | tokens/s | vs concurrency 1 | vs first mode | prompt+gen tokens/s | "
+        "TTFT p50 (s) | TTFT p99 (s) | ITL p50 (ms) | ITL p99 (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     first = next(iter(results.values()), [])
     reference = {r["concurrency"]: r["tokens_per_s"] for r in first}
     for mode, levels in results.items():
         base = levels[0]["tokens_per_s"] if levels else 0.0
         for r in levels:
             vs_first = r["tokens_per_s"] / reference[r["concurrency"]] if r["concurrency"] in reference else 0.0
-            lines.append(f"| {mode} | {r['concurrency']} | {r['requests']} | {r['tokens_per_s']:.1f} | "
-                         f"{r['tokens_per_s'] / base:.2f}x | {vs_first:.2f}x | {r['total_tokens_per_s']:.1f} | "
-                         f"{r['ttft_p50']:.3f} | "
-                         f"{r['ttft_p99']:.3f} | {1000 * r['itl_p50']:.1f} | {1000 * r['itl_p99']:.1f} |")
+            lines.append(
+                f"| {mode} | {r['concurrency']} | {r['requests']} | {r['tokens_per_s']:.1f} | "
+                f"{r['tokens_per_s'] / base:.2f}x | {vs_first:.2f}x | {r['total_tokens_per_s']:.1f} | "
+                f"{r['ttft_p50']:.3f} | "
+                f"{r['ttft_p99']:.3f} | {1000 * r['itl_p50']:.1f} | {1000 * r['itl_p99']:.1f} |"
+            )
     return "\n".join(lines) + "\n"

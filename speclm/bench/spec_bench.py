@@ -1,4 +1,5 @@
 """Run several decoding methods over the same prompts and aggregate speed and acceptance."""
+
 from __future__ import annotations
 
 import sys
@@ -30,7 +31,9 @@ def run_methods(
     machine's speed affect them alike."""
     llms = {m: method_llm(base, m, k, adaptive) for m in methods}
     encoded = [
-        base.tokenizer.encode_chat([{"role": "user", "content": p["text"]}]) if chat else base.tokenizer.encode(p["text"])
+        base.tokenizer.encode_chat([{"role": "user", "content": p["text"]}])
+        if chat
+        else base.tokenizer.encode(p["text"])
         for p in prompts
     ]
     fits = [len(ids) + params.max_tokens <= base.model.config.max_position_embeddings for ids in encoded]
@@ -52,24 +55,26 @@ def run_methods(
             s = out.stats
             if reference is None:
                 reference = out.token_ids
-            records.append({
-                "prompt_id": prompt["id"],
-                "category": prompt["category"],
-                "method": method,
-                "prompt_tokens": s.prompt_tokens,
-                "tokens": s.completion_tokens,
-                "seconds": wall,
-                "decode_seconds": wall - s.prefill_seconds,
-                "target_forwards": s.target_forwards,
-                "decode_steps": s.decode_steps,
-                "decode_tokens": s.decode_tokens,
-                "drafted": s.drafted_tokens,
-                "accepted": s.accepted_tokens,
-                "drafted_per_position": s.drafted_per_position,
-                "accepted_per_position": s.accepted_per_position,
-                "proposer_seconds": s.proposer_seconds,
-                "matches_first_method": out.token_ids == reference,
-            })
+            records.append(
+                {
+                    "prompt_id": prompt["id"],
+                    "category": prompt["category"],
+                    "method": method,
+                    "prompt_tokens": s.prompt_tokens,
+                    "tokens": s.completion_tokens,
+                    "seconds": wall,
+                    "decode_seconds": wall - s.prefill_seconds,
+                    "target_forwards": s.target_forwards,
+                    "decode_steps": s.decode_steps,
+                    "decode_tokens": s.decode_tokens,
+                    "drafted": s.drafted_tokens,
+                    "accepted": s.accepted_tokens,
+                    "drafted_per_position": s.drafted_per_position,
+                    "accepted_per_position": s.accepted_per_position,
+                    "proposer_seconds": s.proposer_seconds,
+                    "matches_first_method": out.token_ids == reference,
+                }
+            )
             bar.update(1)
     bar.close()
     return records
@@ -106,10 +111,11 @@ def aggregate(records: list[dict], baseline: str = "ar") -> dict:
             "proposer_share": sum(r["proposer_seconds"] for r in rows) / seconds if seconds else 0.0,
             "greedy_mismatches": sum(not r["matches_first_method"] for r in rows),
         }
-    for category, methods in table.items():
+    for methods in table.values():
         base = methods.get(baseline)
         for m in methods.values():
             m["speedup"] = m["tokens_per_s"] / base["tokens_per_s"] if base and base["tokens_per_s"] else None
-            m["decode_speedup"] = (m["decode_tokens_per_s"] / base["decode_tokens_per_s"]
-                                   if base and base["decode_tokens_per_s"] else None)
+            m["decode_speedup"] = (
+                m["decode_tokens_per_s"] / base["decode_tokens_per_s"] if base and base["decode_tokens_per_s"] else None
+            )
     return dict(table)

@@ -1,4 +1,5 @@
 """What one tree verification pass costs next to a one-token decoding pass, by node count."""
+
 from __future__ import annotations
 
 import statistics
@@ -49,11 +50,18 @@ def measure_tree_cost(runner: ModelRunner, sizes: list[int], context: int, repea
     records = []
     for n in sizes:
         # Best of the rounds: on a shared machine other processes only ever add time.
-        record = {"nodes": n, "depth": bushy_tree(n).max_depth, "one_token_s": min(times["one", 0]),
-                  "tree_s": min(times["tree", n]), "chain_s": min(times["chain", n]),
-                  "lazy_tree_s": min(times["lazy", n])}
-        record |= {f"{key}_median_s": statistics.median(times[key, n if key != "one" else 0])
-                   for key in ("one", "tree", "chain", "lazy")}
+        record = {
+            "nodes": n,
+            "depth": bushy_tree(n).max_depth,
+            "one_token_s": min(times["one", 0]),
+            "tree_s": min(times["tree", n]),
+            "chain_s": min(times["chain", n]),
+            "lazy_tree_s": min(times["lazy", n]),
+        }
+        record |= {
+            f"{key}_median_s": statistics.median(times[key, n if key != "one" else 0])
+            for key in ("one", "tree", "chain", "lazy")
+        }
         record["tree_over_one"] = record["tree_s"] / record["one_token_s"]
         records.append(record)
     return records
@@ -69,30 +77,43 @@ def _lazy_tree_pass(runner: ModelRunner, cache, entry: BatchEntry, tree: TokenTr
 
 
 def markdown(records: list[dict], title: str, command: str, machine: dict) -> str:
-    lines = [f"# {title}", "", f"Command: `{command}`", "",
-             f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
-             f"({machine.get('torch_threads')} threads); 1-minute load average at the end "
-             f"{machine.get('load_average_1min')} (other jobs shared the cores: best-of-rounds damps, not removes, "
-             "their noise)", "",
-             "Best-of-rounds ms (medians in the JSON) per target pass over the pending token + N draft nodes (a bushy "
-             "tree as the default Medusa tree); `chain` = the same row count as a chain; `lazy` = the tree pass with "
-             "logits for a 3-row path only (the engine's way for trees of 4+ nodes).", "",
-             "| nodes N | depth | 1-token pass ms | tree pass ms | tree / 1-token | lazy tree ms | lazy / 1-token | "
-             "chain (N+1 rows) ms |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"# {title}",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
+        f"({machine.get('torch_threads')} threads); 1-minute load average at the end "
+        f"{machine.get('load_average_1min')} (other jobs shared the cores: best-of-rounds damps, not removes, "
+        "their noise)",
+        "",
+        "Best-of-rounds ms (medians in the JSON) per target pass over the pending token + N draft nodes (a bushy "
+        "tree as the default Medusa tree); `chain` = the same row count as a chain; `lazy` = the tree pass with "
+        "logits for a 3-row path only (the engine's way for trees of 4+ nodes).",
+        "",
+        "| nodes N | depth | 1-token pass ms | tree pass ms | tree / 1-token | lazy tree ms | lazy / 1-token | "
+        "chain (N+1 rows) ms |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in records:
-        lines.append(f"| {r['nodes']} | {r['depth']} | {1e3 * r['one_token_s']:.2f} | {1e3 * r['tree_s']:.2f} | "
-                     f"{r['tree_over_one']:.2f}x | {1e3 * r['lazy_tree_s']:.2f} | {r['lazy_tree_s'] / r['one_token_s']:.2f}x | "
-                     f"{1e3 * r['chain_s']:.2f} |")
+        lines.append(
+            f"| {r['nodes']} | {r['depth']} | {1e3 * r['one_token_s']:.2f} | {1e3 * r['tree_s']:.2f} | "
+            f"{r['tree_over_one']:.2f}x | {1e3 * r['lazy_tree_s']:.2f} | {r['lazy_tree_s'] / r['one_token_s']:.2f}x | "
+            f"{1e3 * r['chain_s']:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def parse_sizes(args) -> list[int]:
     """--nodes as a list of node counts; ValueError for bad --nodes, --context or --rounds."""
-    sizes = [int(n) for n in args.nodes.split(",") if n.strip()] if args.nodes.replace(",", "").strip().isdigit() else []
+    sizes = (
+        [int(n) for n in args.nodes.split(",") if n.strip()] if args.nodes.replace(",", "").strip().isdigit() else []
+    )
     if not sizes or min(sizes) < 1 or args.context < 1 or args.rounds < 1:
-        raise ValueError(f"--nodes must list counts >= 1 and --context/--rounds be >= 1; got {args.nodes!r}, "
-                         f"{args.context}, {args.rounds}")
+        raise ValueError(
+            f"--nodes must list counts >= 1 and --context/--rounds be >= 1; got {args.nodes!r}, "
+            f"{args.context}, {args.rounds}"
+        )
     return sizes
 
 
@@ -108,7 +129,10 @@ def run_tree(llm, sizes: list[int], args) -> int:
     records = measure_tree_cost(llm.runner, sizes, args.context, args.rounds)
     machine = machine_info() | {"load_average_1min": round(os.getloadavg()[0], 2)}
     command = "speclm bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-    title = f"tree verification cost: {os.path.basename(llm.model_path)}, --weights {llm.weights.label}, context {args.context}"
+    title = (
+        f"tree verification cost: {os.path.basename(llm.model_path)}, --weights {llm.weights.label}, "
+        f"context {args.context}"
+    )
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, args.name or "tree_cost")
     write_json(stem + ".json", {"command": command, "machine": machine, "records": records})

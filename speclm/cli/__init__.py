@@ -1,4 +1,5 @@
 """The `speclm` command line: one module per subcommand, registered here."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """`speclm bench`: speed and acceptance of decoding methods per prompt category, plus peers."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,7 +8,7 @@ import shlex
 import sys
 
 from speclm.cli.common import add_model_args, load_llm, split_methods
-from speclm.cli.serve import add_cache_args, cache_config
+from speclm.cli.serve import add_cache_args
 from speclm.data import SPECBENCH_PROMPTS
 
 DEFAULT_PROMPTS = SPECBENCH_PROMPTS
@@ -23,16 +24,28 @@ def register(sub) -> None:
         "`speclm bench serve`: start the HTTP server in-process and measure throughput and TTFT / inter-token "
         "latency p50/p99 at each --concurrency level (JSON + markdown, default name serve).",
     )
-    p.add_argument("mode", nargs="?", choices=["spec", "serve", "kv", "tree"], default="spec",
-                   help="spec (default): decoding methods; serve: the batched HTTP server; "
-                   "kv: int8 vs full-precision KV cache (memory, greedy agreement, speed); "
-                   "tree: cost of a token-tree verification pass vs a one-token pass, by node count")
+    p.add_argument(
+        "mode",
+        nargs="?",
+        choices=["spec", "serve", "kv", "tree"],
+        default="spec",
+        help="spec (default): decoding methods; serve: the batched HTTP server; "
+        "kv: int8 vs full-precision KV cache (memory, greedy agreement, speed); "
+        "tree: cost of a token-tree verification pass vs a one-token pass, by node count",
+    )
     add_model_args(p)
-    p.add_argument("--prompts", default=DEFAULT_PROMPTS, help="Spec-Bench style JSONL (default: the Spec-Bench dev prompts shipped with speclm)")
-    p.add_argument("--methods", default="ar,ngram",
-                   help="comma-separated: ar, ngram, ngram:MAX_N, layerskip:N, draft:PATH, medusa:PATH[,width=W], "
-                   "eagle:PATH[,topk=T,beam=B,depth=D] (a key=value item is an option of the method before it; "
-                   "default ar,ngram)")
+    p.add_argument(
+        "--prompts",
+        default=DEFAULT_PROMPTS,
+        help="Spec-Bench style JSONL (default: the Spec-Bench dev prompts shipped with speclm)",
+    )
+    p.add_argument(
+        "--methods",
+        default="ar,ngram",
+        help="comma-separated: ar, ngram, ngram:MAX_N, layerskip:N, draft:PATH, medusa:PATH[,width=W], "
+        "eagle:PATH[,topk=T,beam=B,depth=D] (a key=value item is an option of the method before it; "
+        "default ar,ngram)",
+    )
     p.add_argument("--per-category", type=int, default=5, help="prompts per category (default 5; 0 = all)")
     p.add_argument("--categories", default=None, help="comma-separated categories to keep (default all)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
@@ -42,23 +55,33 @@ def register(sub) -> None:
     p.add_argument("--no-adaptive", action="store_true", help="fixed K instead of adaptive speculation length")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
     p.add_argument("--no-chat", action="store_true", help="feed prompts raw instead of through the chat template")
-    p.add_argument("--peers", default="", help="comma-separated peers to time in the same run: transformers "
-                   "(with --compare: llama.cpp,transformers, the default)")
+    p.add_argument(
+        "--peers",
+        default="",
+        help="comma-separated peers to time in the same run: transformers "
+        "(with --compare: llama.cpp,transformers, the default)",
+    )
     g = p.add_argument_group("--compare: weight formats and peers in one run")
-    g.add_argument("--compare", action="store_true",
-                   help="time speclm in each --formats (AR and --spec-method) against llama.cpp (llama-cpp-python) "
-                   "and transformers (AR and prompt lookup) on the same GGUF, prompts and greedy token count; report "
-                   "medians, ratios to llama.cpp AR, greedy agreement with fp32, perplexity, verification cost, profile")
-    g.add_argument("--formats", default="fp32,bf16,int8,int4", help="weight formats for --compare (default fp32,bf16,int8,int4)")
+    g.add_argument(
+        "--compare",
+        action="store_true",
+        help="time speclm in each --formats (AR and --spec-method) against llama.cpp (llama-cpp-python) "
+        "and transformers (AR and prompt lookup) on the same GGUF, prompts and greedy token count; report "
+        "medians, ratios to llama.cpp AR, greedy agreement with fp32, perplexity, verification cost, profile",
+    )
+    g.add_argument(
+        "--formats", default="fp32,bf16,int8,int4", help="weight formats for --compare (default fp32,bf16,int8,int4)"
+    )
     g.add_argument("--spec-method", default="ngram", help="speculative method for --compare (default ngram)")
     g.add_argument("--repeats", type=int, default=3, help="repeats for --compare (default 3)")
-    g.add_argument("--rss", action="store_true", help="with --compare: also measure each engine's peak RSS in a fresh process")
+    g.add_argument(
+        "--rss", action="store_true", help="with --compare: also measure each engine's peak RSS in a fresh process"
+    )
     p.add_argument("--out", default="benchmarks", help="output directory (default benchmarks/)")
     p.add_argument("--name", default=None, help="output file stem (default spec_bench, or serve)")
     g = p.add_argument_group("bench serve")
     g.add_argument("--concurrency", default="1,4,16,32", help="comma-separated client counts (default 1,4,16,32)")
-    g.add_argument("--requests", type=int, default=0,
-                   help="requests per level (default 0: max(4, 2 x concurrency))")
+    g.add_argument("--requests", type=int, default=0, help="requests per level (default 0: max(4, 2 x concurrency))")
     g = p.add_argument_group("bench tree")
     g.add_argument("--nodes", default="1,2,4,8,16", help="comma-separated draft-node counts (default 1,2,4,8,16)")
     g.add_argument("--context", type=int, default=256, help="tokens in the KV cache before each pass (default 256)")
@@ -84,9 +107,9 @@ def run(args: argparse.Namespace) -> int:
         return run_tree(load_llm(args), sizes, args)
     args.name = args.name or "spec_bench"
     from speclm.bench.machine import machine_info
-    from speclm.data import load_prompts
     from speclm.bench.report import markdown_table, output_paths, plot_speedups, write_json
     from speclm.bench.spec_bench import aggregate, run_methods
+    from speclm.data import load_prompts
     from speclm.sampling_params import SamplingParams
 
     if args.compare:
@@ -107,8 +130,12 @@ def run(args: argparse.Namespace) -> int:
     for peer in peers:
         if peer != "transformers":
             raise ValueError(f"unknown peer {peer!r} (supported: transformers)")
-    params = SamplingParams(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens,
-                            ignore_eos=args.ignore_eos or bool(peers))
+    params = SamplingParams(
+        temperature=args.temperature,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        ignore_eos=args.ignore_eos or bool(peers),
+    )
     categories = args.categories.split(",") if args.categories else None
     prompts = load_prompts(args.prompts, args.per_category or None, categories)
     args.spec = None
@@ -118,28 +145,60 @@ def run(args: argparse.Namespace) -> int:
     if peers:
         from speclm.bench.peers import transformers_greedy
 
-        ids = [llm.tokenizer.encode_chat([{"role": "user", "content": p["text"]}]) if not args.no_chat
-               else llm.tokenizer.encode(p["text"]) for p in prompts]
+        ids = [
+            llm.tokenizer.encode_chat([{"role": "user", "content": p["text"]}])
+            if not args.no_chat
+            else llm.tokenizer.encode(p["text"])
+            for p in prompts
+        ]
         print("timing transformers generate (fp32) on the same prompts ...", file=sys.stderr)
         for prompt, result in zip(prompts, transformers_greedy(llm.model_path, ids, args.max_tokens)):
-            records.append({
-                "prompt_id": prompt["id"], "category": prompt["category"], "method": "transformers",
-                "prompt_tokens": 0, "tokens": result["tokens"], "seconds": result["seconds"],
-                "decode_seconds": result["seconds"], "target_forwards": result["tokens"],
-                "decode_steps": result["tokens"], "decode_tokens": result["tokens"], "drafted": 0, "accepted": 0,
-                "drafted_per_position": [], "accepted_per_position": [], "proposer_seconds": 0.0,
-                "matches_first_method": True,
-            })
+            records.append(
+                {
+                    "prompt_id": prompt["id"],
+                    "category": prompt["category"],
+                    "method": "transformers",
+                    "prompt_tokens": 0,
+                    "tokens": result["tokens"],
+                    "seconds": result["seconds"],
+                    "decode_seconds": result["seconds"],
+                    "target_forwards": result["tokens"],
+                    "decode_steps": result["tokens"],
+                    "decode_tokens": result["tokens"],
+                    "drafted": 0,
+                    "accepted": 0,
+                    "drafted_per_position": [],
+                    "accepted_per_position": [],
+                    "proposer_seconds": 0.0,
+                    "matches_first_method": True,
+                }
+            )
         methods = methods + ["transformers"]
 
     summary = aggregate(records)
     machine = machine_info()
-    command = "speclm bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "speclm bench"
-    title = f"speclm bench: {os.path.basename(llm.model_path)}, temperature {args.temperature}, {args.max_tokens} tokens"
+    command = (
+        "speclm bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        if sys.argv[1:2] == ["bench"]
+        else "speclm bench"
+    )
+    title = (
+        f"speclm bench: {os.path.basename(llm.model_path)}, temperature {args.temperature}, {args.max_tokens} tokens"
+    )
     paths = output_paths(args.out, args.name)
-    write_json(paths["json"], {"command": command, "machine": machine, "methods": methods,
-                               "params": vars(params), "k": args.k, "adaptive": not args.no_adaptive,
-                               "summary": summary, "records": records})
+    write_json(
+        paths["json"],
+        {
+            "command": command,
+            "machine": machine,
+            "methods": methods,
+            "params": vars(params),
+            "k": args.k,
+            "adaptive": not args.no_adaptive,
+            "summary": summary,
+            "records": records,
+        },
+    )
     table = markdown_table(summary, methods, title, command, machine, greedy=args.temperature == 0)
     with open(paths["md"], "w") as f:
         f.write(table)

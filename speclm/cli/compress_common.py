@@ -1,4 +1,5 @@
 """Options shared by the offline compression commands (quantize, prune): model, output, calibration."""
+
 from __future__ import annotations
 
 import argparse
@@ -30,6 +31,12 @@ def calibration_from_args(args: argparse.Namespace, tokenizer) -> tuple[torch.Te
         return None, {}
     texts = read_texts(args.calib_text, split_list(args.calib_categories), split_list(args.calib_exclude_categories))
     windows = calibration_windows(tokenize_stream(tokenizer, texts), args.calib_samples, args.calib_seq_len, args.seed)
-    info = {"text": args.calib_text, "categories": args.calib_categories, "exclude_categories": args.calib_exclude_categories,
-            "samples": args.calib_samples, "seq_len": args.calib_seq_len, "seed": args.seed}
+    info = {
+        "text": args.calib_text,
+        "categories": args.calib_categories,
+        "exclude_categories": args.calib_exclude_categories,
+        "samples": args.calib_samples,
+        "seq_len": args.calib_seq_len,
+        "seed": args.seed,
+    }
     return windows, info

@@ -1,4 +1,5 @@
 """`speclm eval ppl`: perplexity of a model on a text file over non-overlapping windows."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,12 +10,21 @@ import torch
 
 def add_text_args(p: argparse.ArgumentParser, prefix: str = "", required: bool = True) -> None:
     """--text FILE with Spec-Bench category filters (e.g. evaluate on summarization articles)."""
-    p.add_argument(f"--{prefix}text", required=required, metavar="FILE",
-                   help="a plain text file, or a Spec-Bench .jsonl (all turns of the selected rows)")
-    p.add_argument(f"--{prefix}categories", default=None, metavar="A,B",
-                   help="for .jsonl: only these categories (comma-separated)")
-    p.add_argument(f"--{prefix}exclude-categories", default=None, metavar="A,B",
-                   help="for .jsonl: skip these categories (comma-separated)")
+    p.add_argument(
+        f"--{prefix}text",
+        required=required,
+        metavar="FILE",
+        help="a plain text file, or a Spec-Bench .jsonl (all turns of the selected rows)",
+    )
+    p.add_argument(
+        f"--{prefix}categories", default=None, metavar="A,B", help="for .jsonl: only these categories (comma-separated)"
+    )
+    p.add_argument(
+        f"--{prefix}exclude-categories",
+        default=None,
+        metavar="A,B",
+        help="for .jsonl: skip these categories (comma-separated)",
+    )
 
 
 def split_list(value: str | None) -> list[str] | None:
@@ -63,6 +73,8 @@ def run_ppl(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_dict()))
     else:
-        print(f"perplexity {result.perplexity:.4f} over {result.tokens} tokens "
-              f"({result.windows} windows of {result.seq_len})")
+        print(
+            f"perplexity {result.perplexity:.4f} over {result.tokens} tokens "
+            f"({result.windows} windows of {result.seq_len})"
+        )
     return 0

@@ -1,4 +1,5 @@
 """`speclm export gguf`: write any model speclm loads (a compression output too) as a llama.cpp GGUF file."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,19 +16,30 @@ so f32 and f16 files reproduce speclm's results; q8_0 re-quantizes them with lla
 
 
 def register(sub) -> None:
-    p = sub.add_parser("export", help="export a model to another format (GGUF for llama.cpp)",
-                       description="Export a model to another format.")
+    p = sub.add_parser(
+        "export",
+        help="export a model to another format (GGUF for llama.cpp)",
+        description="Export a model to another format.",
+    )
     formats = p.add_subparsers(dest="export_command", metavar="FORMAT")
     g = formats.add_parser(
-        "gguf", help="a GGUF file that llama.cpp loads",
+        "gguf",
+        help="a GGUF file that llama.cpp loads",
         description="Write the model (GGUF, Hugging Face directory, speclm quantize/prune/merge output, or llama2.c "
         ".bin) and its tokenizer as one GGUF file in llama.cpp's layout (llama or qwen2 architecture).",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     g.add_argument("--model", "-m", default=None, help="model path (default: SmolLM2-135M-Instruct)")
     g.add_argument("--tokenizer", default=None, help="tokenizer file when the model has none inside (llama2.c)")
     g.add_argument("--out", required=True, metavar="FILE.gguf", help="the GGUF file to write")
-    g.add_argument("--type", default="f16", type=str.lower, choices=list(GGUF_TYPES),
-                   help="tensor type of the weight matrices (norms stay f32, as in llama.cpp; default f16)")
+    g.add_argument(
+        "--type",
+        default="f16",
+        type=str.lower,
+        choices=list(GGUF_TYPES),
+        help="tensor type of the weight matrices (norms stay f32, as in llama.cpp; default f16)",
+    )
     g.set_defaults(run=run_gguf)
     p.set_defaults(run=lambda args: p.print_help() or 2)
 
@@ -35,8 +47,8 @@ def register(sub) -> None:
 def run_gguf(args: argparse.Namespace) -> int:
     import os
 
-    from speclm.compress.model_io import load_with_tokenizer
     from speclm.compress.gguf_export import export_gguf
+    from speclm.compress.model_io import load_with_tokenizer
 
     if not args.out.endswith(".gguf"):
         raise ValueError(f"--out must name a .gguf file, got {args.out!r}")
@@ -45,7 +57,9 @@ def run_gguf(args: argparse.Namespace) -> int:
     checkpoint, tokenizer = load_with_tokenizer(args.model, args.tokenizer)
     as_f16 = export_gguf(checkpoint, tokenizer, args.out, GGUF_TYPES[args.type])
     if as_f16:
-        print(f"{len(as_f16)} matrices have rows that are not a multiple of 32 and were written F16 "
-              f"(as llama.cpp's converter does), e.g. {as_f16[0]}")
+        print(
+            f"{len(as_f16)} matrices have rows that are not a multiple of 32 and were written F16 "
+            f"(as llama.cpp's converter does), e.g. {as_f16[0]}"
+        )
     print(f"wrote {args.out} ({GGUF_TYPES[args.type]}, {os.path.getsize(args.out) / 1e6:.1f} MB)")
     return 0

@@ -1,4 +1,5 @@
 """`speclm generate`: complete one prompt, streaming text to the terminal (or printing JSON)."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,11 +16,13 @@ def register(sub) -> None:
         description="Generate a continuation of --prompt (or of a chat turn with --chat). Text streams to "
         "stdout and a statistics line goes to stderr; --json prints one JSON object instead.",
     )
-    p.add_argument("--prompt", "-p", default=None,
-                   help='the prompt; "" starts from BOS alone; omitted: read it from stdin')
+    p.add_argument(
+        "--prompt", "-p", default=None, help='the prompt; "" starts from BOS alone; omitted: read it from stdin'
+    )
     p.add_argument("--chat", action="store_true", help="treat the prompt as a user message and apply the chat template")
-    p.add_argument("--json", action="store_true",
-                   help='print {"text", "token_ids", "finish_reason", "stats"} as one JSON object')
+    p.add_argument(
+        "--json", action="store_true", help='print {"text", "token_ids", "finish_reason", "stats"} as one JSON object'
+    )
     add_model_args(p)
     add_sampling_args(p)
     add_spec_args(p)

@@ -1,4 +1,5 @@
 """`speclm merge`: merge checkpoints (linear, task arithmetic, TIES, DARE, SLERP) from a mergekit-style YAML."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,13 @@ EXAMPLE = """example merge.yaml:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("merge", help="merge models (mergekit-style YAML)", description=__doc__.splitlines()[0],
-                       epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "merge",
+        help="merge models (mergekit-style YAML)",
+        description=__doc__.splitlines()[0],
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--config", required=True, help="merge YAML")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=None, help="overrides the YAML's seed (DARE)")

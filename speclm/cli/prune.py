@@ -1,4 +1,5 @@
 """`speclm prune`: magnitude / Wanda / SparseGPT pruning (unstructured or N:M) into a checkpoint directory."""
+
 from __future__ import annotations
 
 import argparse
@@ -30,11 +31,17 @@ def register(sub) -> None:
         description="Zero weights of the decoder Linear layers (embeddings, norms and the head are kept) and write "
         "a float model directory that speclm and transformers load. Prints the achieved sparsity.",
     )
-    p.add_argument("--method", required=True, choices=METHODS + STRUCTURED_METHODS,
-                   help="unstructured/N:M: magnitude (per layer), magnitude-global, wanda, sparsegpt; structured "
-                   "(shrinks the tensors; --sparsity is the fraction of units removed): mlp-channels, attention-heads")
+    p.add_argument(
+        "--method",
+        required=True,
+        choices=METHODS + STRUCTURED_METHODS,
+        help="unstructured/N:M: magnitude (per layer), magnitude-global, wanda, sparsegpt; structured "
+        "(shrinks the tensors; --sparsity is the fraction of units removed): mlp-channels, attention-heads",
+    )
     p.add_argument("--sparsity", type=float, default=0.5, help="fraction of weights to zero (default 0.5)")
-    p.add_argument("--pattern", default=None, metavar="N:M", help="semi-structured: zero N of every M inputs (e.g. 2:4)")
+    p.add_argument(
+        "--pattern", default=None, metavar="N:M", help="semi-structured: zero N of every M inputs (e.g. 2:4)"
+    )
     add_compress_args(p)
     p.set_defaults(run=run)
 
@@ -54,8 +61,11 @@ def run(args: argparse.Namespace) -> int:
     windows, calib_info = calibration_from_args(args, tokenizer) if options.method in CALIBRATED else (None, {})
     model = rebuild(checkpoint)
     sparsity = prune_model(model, options, windows)
-    metadata = {"pruning": {"method": options.method, "target": options.label, "sparsity": sparsity},
-                "source": checkpoint.source, "calibration": calib_info}
+    metadata = {
+        "pruning": {"method": options.method, "target": options.label, "sparsity": sparsity},
+        "source": checkpoint.source,
+        "calibration": calib_info,
+    }
     save_checkpoint(args.out, checkpoint.config, model_to_tensors(model), tokenizer, metadata)
     print(json.dumps({"out": args.out, "method": options.label, "sparsity": round(sparsity, 6)}))
     return 0
@@ -76,9 +86,28 @@ def run_structured(args: argparse.Namespace) -> int:
     pruned = prune_structured(checkpoint, rebuild(checkpoint), args.method, args.sparsity, windows)
     after = sum(t.numel() for t in pruned.tensors.values())
     c = pruned.config
-    metadata = {"pruning": {"method": args.method, "fraction": args.sparsity, "parameters_before": before,
-                            "parameters_after": after}, "source": checkpoint.source, "calibration": calib_info}
+    metadata = {
+        "pruning": {
+            "method": args.method,
+            "fraction": args.sparsity,
+            "parameters_before": before,
+            "parameters_after": after,
+        },
+        "source": checkpoint.source,
+        "calibration": calib_info,
+    }
     save_checkpoint(args.out, c, pruned.tensors, tokenizer, metadata)
-    print(json.dumps({"out": args.out, "method": args.method, "parameters_before": before, "parameters_after": after,
-                      "intermediate_size": c.intermediate_size, "num_heads": c.num_heads, "num_kv_heads": c.num_kv_heads}))
+    print(
+        json.dumps(
+            {
+                "out": args.out,
+                "method": args.method,
+                "parameters_before": before,
+                "parameters_after": after,
+                "intermediate_size": c.intermediate_size,
+                "num_heads": c.num_heads,
+                "num_kv_heads": c.num_kv_heads,
+            }
+        )
+    )
     return 0

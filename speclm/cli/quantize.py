@@ -1,4 +1,5 @@
 """`speclm quantize`: RTN / GPTQ / AWQ / SmoothQuant / FP8 weight quantization into a checkpoint directory."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,23 +18,39 @@ def register(sub) -> None:
         description="Quantize the decoder Linear weights (embeddings, norms and the head stay fp32) and write a "
         "model directory that speclm loads; the scheme is recorded in config.json's quantization_config.",
     )
-    p.add_argument("--method", required=True, choices=list(METHODS), metavar="METHOD",
-                   help=f"one of {', '.join(METHODS)}")
-    p.add_argument("--group-size", type=int, default=None,
-                   help="input columns per scale (0 = per output channel; default: 128 for 3/4-bit, 0 for 8-bit)")
+    p.add_argument(
+        "--method", required=True, choices=list(METHODS), metavar="METHOD", help=f"one of {', '.join(METHODS)}"
+    )
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        help="input columns per scale (0 = per output channel; default: 128 for 3/4-bit, 0 for 8-bit)",
+    )
     sym = p.add_mutually_exclusive_group()
     sym.add_argument("--sym", dest="sym", action="store_true", default=None, help="symmetric grid (zero point fixed)")
     sym.add_argument("--asym", dest="sym", action="store_false", help="asymmetric grid (min/max)")
-    p.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=True,
-                   help="GPTQ: quantize columns by descending Hessian diagonal, group params fixed up front (static "
-                   "groups, so stored groups stay contiguous). Default on: without it GPTQ int4 lost to RTN on "
-                   "SmolLM2 (benchmarks/compression.md)")
-    p.add_argument("--percdamp", type=float, default=0.01, help="GPTQ: Hessian dampening, fraction of its mean diagonal")
+    p.add_argument(
+        "--act-order",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="GPTQ: quantize columns by descending Hessian diagonal, group params fixed up front (static "
+        "groups, so stored groups stay contiguous). Default on: without it GPTQ int4 lost to RTN on "
+        "SmolLM2 (benchmarks/compression.md)",
+    )
+    p.add_argument(
+        "--percdamp", type=float, default=0.01, help="GPTQ: Hessian dampening, fraction of its mean diagonal"
+    )
     p.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant migration strength in [0, 1] (default 0.5)")
-    p.add_argument("--qat-steps", type=int, default=50, help="qat-*: training windows, one AdamW step each (default 50)")
+    p.add_argument(
+        "--qat-steps", type=int, default=50, help="qat-*: training windows, one AdamW step each (default 50)"
+    )
     p.add_argument("--qat-lr", type=float, default=1e-4, help="qat-*: learning rate (default 1e-4)")
-    p.add_argument("--kv-cache-int8", action="store_true",
-                   help="also calibrate static int8 KV-cache scales per layer and KV head (needs --calib-text)")
+    p.add_argument(
+        "--kv-cache-int8",
+        action="store_true",
+        help="also calibrate static int8 KV-cache scales per layer and KV head (needs --calib-text)",
+    )
     add_compress_args(p)
     p.set_defaults(run=run)
 
@@ -47,8 +64,17 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--alpha must be in [0, 1], got {args.alpha}")
     if not 0 < args.percdamp < 1:
         raise ValueError(f"--percdamp must be in (0, 1), got {args.percdamp}")
-    options = QuantizeOptions(args.method, args.group_size, args.sym, args.act_order, args.percdamp, args.alpha,
-                              args.qat_steps, args.qat_lr, args.seed)
+    options = QuantizeOptions(
+        args.method,
+        args.group_size,
+        args.sym,
+        args.act_order,
+        args.percdamp,
+        args.alpha,
+        args.qat_steps,
+        args.qat_lr,
+        args.seed,
+    )
     options.scheme() if options.algorithm != "fp8" else None  # validate before loading
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -63,8 +89,10 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--kv-cache-int8 needs calibration text (--calib-text)")
         result.tensors.update(kv_scale_tensors(calibrate_kv_scales(result.model, windows)))
         result.quantization_config["kv_cache"] = {
-            "dtype": "int8", "scheme": "symmetric, static per layer and KV head (keys after RoPE)",
-            "tensors": "model.layers.N.self_attn.k_scale / v_scale [kv_heads]"}
+            "dtype": "int8",
+            "scheme": "symmetric, static per layer and KV head (keys after RoPE)",
+            "tensors": "model.layers.N.self_attn.k_scale / v_scale [kv_heads]",
+        }
     metadata = {"quantization": result.quantization_config, "source": checkpoint.source, "calibration": calib_info}
     save_checkpoint(args.out, checkpoint.config, result.tensors, tokenizer, metadata, result.quantization_config)
     print(f"wrote {args.method} checkpoint to {args.out}")

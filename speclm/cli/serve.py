@@ -1,4 +1,5 @@
 """`speclm serve`: the OpenAI-compatible HTTP server over the batched engine."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,29 +16,58 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("batching and KV cache")
     g.add_argument("--block-size", type=int, default=d.block_size, help=f"tokens per KV block (default {d.block_size})")
     g.add_argument("--num-blocks", type=int, default=None, help="KV blocks in the pool (default: from --kv-cache-mb)")
-    g.add_argument("--kv-cache-mb", type=float, default=d.kv_cache_mb,
-                   help=f"memory for the KV pool when --num-blocks is not given (default {d.kv_cache_mb:g})")
-    g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
-                   help=f"sequences running at once (default {d.max_num_seqs})")
-    g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
-                   help=f"tokens per engine step; longer prompts are prefilled in chunks (default {d.max_num_batched_tokens})")
-    g.add_argument("--kv-cache-dtype", choices=["auto", "int8"], default="auto",
-                   help="auto: the model's dtype; int8: ~3.8x smaller cache, small quality cost (default auto)")
-    g.add_argument("--streaming-window", type=int, default=None, metavar="TOKENS",
-                   help="StreamingLLM: keep only this many tokens of KV per sequence (attention sinks + most recent), "
-                   "so generation can outgrow the cache (default off)")
-    g.add_argument("--attention-sinks", type=int, default=d.attention_sinks,
-                   help=f"StreamingLLM: first tokens always kept, rounded up to whole blocks (default {d.attention_sinks})")
+    g.add_argument(
+        "--kv-cache-mb",
+        type=float,
+        default=d.kv_cache_mb,
+        help=f"memory for the KV pool when --num-blocks is not given (default {d.kv_cache_mb:g})",
+    )
+    g.add_argument(
+        "--max-num-seqs", type=int, default=d.max_num_seqs, help=f"sequences running at once (default {d.max_num_seqs})"
+    )
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=d.max_num_batched_tokens,
+        help=f"tokens per engine step; longer prompts are prefilled in chunks (default {d.max_num_batched_tokens})",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        choices=["auto", "int8"],
+        default="auto",
+        help="auto: the model's dtype; int8: ~3.8x smaller cache, small quality cost (default auto)",
+    )
+    g.add_argument(
+        "--streaming-window",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="StreamingLLM: keep only this many tokens of KV per sequence (attention sinks + most recent), "
+        "so generation can outgrow the cache (default off)",
+    )
+    g.add_argument(
+        "--attention-sinks",
+        type=int,
+        default=d.attention_sinks,
+        help=f"StreamingLLM: first tokens always kept, rounded up to whole blocks (default {d.attention_sinks})",
+    )
     g.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV blocks of shared prompt prefixes")
 
 
 def cache_config(args: argparse.Namespace):
     from speclm.config import CacheConfig
 
-    return CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks, kv_cache_mb=args.kv_cache_mb,
-                       enable_prefix_caching=not args.no_prefix_caching, max_num_seqs=args.max_num_seqs,
-                       max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_dtype=args.kv_cache_dtype,
-                       streaming_window=args.streaming_window, attention_sinks=args.attention_sinks)
+    return CacheConfig(
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
+        kv_cache_mb=args.kv_cache_mb,
+        enable_prefix_caching=not args.no_prefix_caching,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_dtype=args.kv_cache_dtype,
+        streaming_window=args.streaming_window,
+        attention_sinks=args.attention_sinks,
+    )
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
@@ -47,32 +77,63 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("HTTP server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     g.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    g.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on /v1/ endpoints and /metrics (/health stays open)")
+    g.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on /v1/ endpoints and /metrics (/health stays open)",
+    )
     g.add_argument("--metrics-open", action="store_true", help="serve /metrics without the API key")
-    g.add_argument("--served-model-name", default=None,
-                   help="model id /v1/models lists (default: the model file's name); requests naming another "
-                   "model are served by this one")
-    g.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
-                   help=f"larger request bodies get 413 (default {d.max_body_bytes})")
-    g.add_argument("--max-prompt-tokens", type=int, default=None,
-                   help="longer prompts get 400 (default: whatever fits the model's context)")
+    g.add_argument(
+        "--served-model-name",
+        default=None,
+        help="model id /v1/models lists (default: the model file's name); requests naming another "
+        "model are served by this one",
+    )
+    g.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=d.max_body_bytes,
+        help=f"larger request bodies get 413 (default {d.max_body_bytes})",
+    )
+    g.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=None,
+        help="longer prompts get 400 (default: whatever fits the model's context)",
+    )
     g.add_argument("--max-n", type=int, default=d.max_n, help=f"most samples per request (default {d.max_n})")
-    g.add_argument("--max-stop", type=int, default=d.max_stop, help=f"most stop strings per request (default {d.max_stop})")
-    g.add_argument("--max-concurrent-requests", type=int, default=d.max_concurrent_requests,
-                   help=f"generation requests in flight at once; more get 429 (default {d.max_concurrent_requests})")
-    g.add_argument("--drain-seconds", type=float, default=d.drain_seconds,
-                   help=f"on SIGTERM, time in-flight requests get to finish before they are cancelled "
-                   f"(default {d.drain_seconds:g})")
+    g.add_argument(
+        "--max-stop", type=int, default=d.max_stop, help=f"most stop strings per request (default {d.max_stop})"
+    )
+    g.add_argument(
+        "--max-concurrent-requests",
+        type=int,
+        default=d.max_concurrent_requests,
+        help=f"generation requests in flight at once; more get 429 (default {d.max_concurrent_requests})",
+    )
+    g.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=d.drain_seconds,
+        help=f"on SIGTERM, time in-flight requests get to finish before they are cancelled "
+        f"(default {d.drain_seconds:g})",
+    )
 
 
 def server_config(args: argparse.Namespace, model_name: str):
     from speclm.server.config import ServerConfig
 
-    return ServerConfig(model_name=model_name, api_key=args.api_key, metrics_open=args.metrics_open,
-                        max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
-                        max_n=args.max_n, max_stop=args.max_stop, max_concurrent_requests=args.max_concurrent_requests,
-                        drain_seconds=args.drain_seconds)
+    return ServerConfig(
+        model_name=model_name,
+        api_key=args.api_key,
+        metrics_open=args.metrics_open,
+        max_body_bytes=args.max_body_bytes,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_n=args.max_n,
+        max_stop=args.max_stop,
+        max_concurrent_requests=args.max_concurrent_requests,
+        drain_seconds=args.drain_seconds,
+    )
 
 
 def register(sub) -> None:
@@ -86,8 +147,12 @@ def register(sub) -> None:
     add_model_args(p)
     add_server_args(p)
     add_spec_args(p)
-    p.add_argument("--spec-max-batch", type=int, default=8,
-                   help="propose drafts only in steps with at most this many running sequences (default 8)")
+    p.add_argument(
+        "--spec-max-batch",
+        type=int,
+        default=8,
+        help="propose drafts only in steps with at most this many running sequences (default 8)",
+    )
     add_cache_args(p)
     p.set_defaults(run=run)
 
@@ -111,9 +176,15 @@ def run(args: argparse.Namespace) -> int:
             uvicorn_server.should_exit = True
 
     app = build_app(llm, cache, server, args.spec_max_batch, on_fatal)
-    uvicorn_server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                                   timeout_graceful_shutdown=server.drain_seconds))
-    print(f"speclm serve: {app.state.engine.engine.block_manager.num_blocks} KV blocks of {cache.block_size} tokens; "
-          f"listening on http://{args.host}:{args.port}", file=sys.stderr)
+    uvicorn_server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=server.drain_seconds
+        )
+    )
+    print(
+        f"speclm serve: {app.state.engine.engine.block_manager.num_blocks} KV blocks of {cache.block_size} tokens; "
+        f"listening on http://{args.host}:{args.port}",
+        file=sys.stderr,
+    )
     uvicorn_server.run()
     return 1 if app.state.engine.fatal is not None else 0

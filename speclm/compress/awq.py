@@ -1,5 +1,6 @@
 """AWQ (Lin et al. 2023): per-input-channel scales that protect salient weights, searched on
 calibration activations and folded into the preceding op, then round-to-nearest quantization."""
+
 from __future__ import annotations
 
 import torch

@@ -4,6 +4,7 @@ Layer-wise algorithms (GPTQ, SparseGPT, Wanda, AWQ, SmoothQuant) compress layer 
 sees once layers 0..i-1 are already compressed, as the GPTQ paper does; `LayerwiseCalibration`
 keeps the hidden states between layers so each layer runs once for capture and once to advance.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -56,9 +57,11 @@ class LayerwiseCalibration:
         handles = []
         for name in names:
             module: nn.Linear = layer.get_submodule(name)
-            handles.append(module.register_forward_pre_hook(
-                lambda _m, args, name=name: captured[name].append(args[0].detach().clone())
-            ))
+            handles.append(
+                module.register_forward_pre_hook(
+                    lambda _m, args, name=name: captured[name].append(args[0].detach().clone())
+                )
+            )
         try:
             for x in self.hidden:
                 self._run_layer(layer, x)

@@ -1,4 +1,5 @@
 """Text for evaluation and calibration: plain files or Spec-Bench JSONL, tokenized into windows."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Write a Checkpoint (and optionally its tokenizer) as a GGUF file the way llama.cpp's converter does."""
+
 from __future__ import annotations
 
 import json
@@ -39,7 +40,9 @@ def export_gguf(checkpoint: Checkpoint, tokenizer, path: str, tensor_type: str =
     import gguf
 
     if tensor_type not in EXPORT_TENSOR_TYPES:
-        raise ValueError(f"unsupported GGUF export tensor type {tensor_type!r} (supported: {', '.join(EXPORT_TENSOR_TYPES)})")
+        raise ValueError(
+            f"unsupported GGUF export tensor type {tensor_type!r} (supported: {', '.join(EXPORT_TENSOR_TYPES)})"
+        )
     config = checkpoint.config
     if config.attention_output_bias:
         raise ValueError("GGUF export of attention output biases is not supported")
@@ -59,8 +62,13 @@ def export_gguf(checkpoint: Checkpoint, tokenizer, path: str, tensor_type: str =
         writer.add_key_length(config.head_dim)
         writer.add_value_length(config.head_dim)
     writer.add_vocab_size(config.vocab_size)
-    writer.add_file_type({"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
-                          "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[tensor_type])
+    writer.add_file_type(
+        {
+            "F32": gguf.LlamaFileType.ALL_F32,
+            "F16": gguf.LlamaFileType.MOSTLY_F16,
+            "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+        }[tensor_type]
+    )
     _add_rope_scaling(writer, checkpoint)
     if config.bos_token_id is not None:
         writer.add_bos_token_id(config.bos_token_id)
@@ -133,8 +141,10 @@ def _add_tokenizer(writer, tokenizer) -> None:
     spec = json.loads(tokenizer.backend.to_str())
     model = spec["model"]
     if model.get("type") != "BPE" or model.get("byte_fallback"):
-        raise ValueError("GGUF tokenizer export supports byte-level BPE and SentencePiece (llama2.c/GGUF) tokenizers; "
-                         "this one came from a tokenizer.json with byte fallback: pass the original --tokenizer")
+        raise ValueError(
+            "GGUF tokenizer export supports byte-level BPE and SentencePiece (llama2.c/GGUF) tokenizers; "
+            "this one came from a tokenizer.json with byte fallback: pass the original --tokenizer"
+        )
     vocab: dict[str, int] = dict(model["vocab"])
     special = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
     added = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if not t.get("special")}
@@ -163,7 +173,9 @@ def _add_sentencepiece(writer, tokenizer) -> None:
     pieces, scores, add_space_prefix = tokenizer.sentencepiece
     control = {tokenizer.bos_token_id, *tokenizer.eos_token_ids}
     unk = pieces.index("<unk>") if "<unk>" in pieces else None
-    types = [2 if i == unk else 3 if i in control else 6 if _BYTE_PIECE.fullmatch(p) else 1 for i, p in enumerate(pieces)]
+    types = [
+        2 if i == unk else 3 if i in control else 6 if _BYTE_PIECE.fullmatch(p) else 1 for i, p in enumerate(pieces)
+    ]
     writer.add_tokenizer_model("llama")
     writer.add_token_list(pieces)
     writer.add_token_scores(scores)

@@ -1,10 +1,18 @@
 """GPTQ (Frantar et al. 2022): quantize columns in order, spreading each one's error over the
 not-yet-quantized columns through the inverse Hessian of the layer's inputs."""
+
 from __future__ import annotations
 
 import torch
 
-from speclm.compress.rtn import QuantizedWeight, QuantScheme, find_params, from_fake_quant, group_params, quantize_column
+from speclm.compress.rtn import (
+    QuantizedWeight,
+    QuantScheme,
+    find_params,
+    from_fake_quant,
+    group_params,
+    quantize_column,
+)
 
 
 def prepare_inverse_hessian(h: torch.Tensor, w: torch.Tensor, percdamp: float) -> torch.Tensor:

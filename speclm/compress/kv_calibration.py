@@ -1,4 +1,5 @@
 """int8 KV-cache calibration: a static scale per layer and KV head from calibration activations."""
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """Model merging on tensors: linear (model soups), task arithmetic, TIES, DARE and SLERP."""
+
 from __future__ import annotations
 
 import torch
@@ -10,7 +11,9 @@ def linear(tensors: list[torch.Tensor], weights: list[float], normalize: bool = 
     return total / sum(weights) if normalize else total
 
 
-def task_arithmetic(base: torch.Tensor, tensors: list[torch.Tensor], weights: list[float], scale: float = 1.0) -> torch.Tensor:
+def task_arithmetic(
+    base: torch.Tensor, tensors: list[torch.Tensor], weights: list[float], scale: float = 1.0
+) -> torch.Tensor:
     """base + scale * sum_i w_i (t_i - base): add the task vectors to the base."""
     return base + scale * sum(w * (t - base) for w, t in zip(weights, tensors))
 
@@ -39,8 +42,9 @@ def disjoint_merge(deltas: torch.Tensor, weights: torch.Tensor, sign: torch.Tens
     return (w * deltas).sum(dim=0) / w.sum(dim=0).clamp(min=1e-12)
 
 
-def ties(base: torch.Tensor, tensors: list[torch.Tensor], weights: list[float], density: float,
-         scale: float = 1.0) -> torch.Tensor:
+def ties(
+    base: torch.Tensor, tensors: list[torch.Tensor], weights: list[float], density: float, scale: float = 1.0
+) -> torch.Tensor:
     """TIES-merging (Yadav et al. 2023): trim each task vector, elect a sign, average the agreeing ones."""
     deltas = torch.stack([trim(t - base, density) for t in tensors])  # [models, ...]
     w = torch.tensor(weights, dtype=deltas.dtype)
@@ -57,8 +61,15 @@ def dare_drop(delta: torch.Tensor, density: float, generator: torch.Generator) -
     return torch.where(keep, delta / density, torch.zeros_like(delta))
 
 
-def dare(base: torch.Tensor, tensors: list[torch.Tensor], weights: list[float], density: float,
-         generator: torch.Generator, use_ties: bool = False, scale: float = 1.0) -> torch.Tensor:
+def dare(
+    base: torch.Tensor,
+    tensors: list[torch.Tensor],
+    weights: list[float],
+    density: float,
+    generator: torch.Generator,
+    use_ties: bool = False,
+    scale: float = 1.0,
+) -> torch.Tensor:
     """Drop-and-rescale each task vector, then add them (dare_linear) or TIES-merge them (dare_ties)."""
     deltas = torch.stack([dare_drop(t - base, density, generator) for t in tensors])
     w = torch.tensor(weights, dtype=deltas.dtype)

@@ -1,4 +1,5 @@
 """mergekit-style YAML merge configurations: parse, check compatibility, merge every tensor."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -39,14 +40,23 @@ class MergeConfig:
     extra: dict = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "MergeConfig":
+    def from_dict(cls, d: dict) -> MergeConfig:
         """Read the mergekit layout: merge_method, base_model, models: [{model, parameters}], parameters."""
         if not isinstance(d, dict):
             raise ValueError("merge config must be a YAML mapping")
         method = d.get("merge_method")
         if method not in MERGE_METHODS:
             raise ValueError(f"merge_method {method!r} is not supported; choose from {', '.join(MERGE_METHODS)}")
-        unknown = set(d) - {"merge_method", "models", "base_model", "parameters", "dtype", "seed", "tokenizer_source", "tokenizer"}
+        unknown = set(d) - {
+            "merge_method",
+            "models",
+            "base_model",
+            "parameters",
+            "dtype",
+            "seed",
+            "tokenizer_source",
+            "tokenizer",
+        }
         if unknown:
             raise ValueError(f"unknown merge config keys: {', '.join(sorted(unknown))}")
         if d.get("dtype", "float32") not in ("float32", "fp32"):
@@ -61,9 +71,17 @@ class MergeConfig:
                 raise ValueError(f"each models entry needs a 'model' path, got {entry!r}")
             p = {**defaults, **(entry.get("parameters") or {})}
             models.append(MergeModel(str(entry["model"]), float(p["weight"]), float(p["density"])))
-        config = cls(method, models, d.get("base_model"), float(params.get("t", 0.5)),
-                     float(params.get("lambda", params.get("scale", 1.0))), bool(params.get("normalize", True)),
-                     int(d.get("seed", 0)), d.get("tokenizer_source"), d.get("tokenizer"))
+        config = cls(
+            method,
+            models,
+            d.get("base_model"),
+            float(params.get("t", 0.5)),
+            float(params.get("lambda", params.get("scale", 1.0))),
+            bool(params.get("normalize", True)),
+            int(d.get("seed", 0)),
+            d.get("tokenizer_source"),
+            d.get("tokenizer"),
+        )
         config.validate()
         return config
 
@@ -88,18 +106,31 @@ class MergeConfig:
 def check_compatible(reference: Checkpoint, other: Checkpoint) -> None:
     """Same architecture, sizes, vocabulary and tensor shapes, or a ValueError naming the difference."""
     a, b = reference.config, other.config
-    for key in ("architecture", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                "num_kv_heads", "head_dim", "tie_word_embeddings"):
+    for key in (
+        "architecture",
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "tie_word_embeddings",
+    ):
         if getattr(a, key) != getattr(b, key):
-            raise ValueError(f"cannot merge {other.source} into {reference.source}: {key} differs "
-                             f"({getattr(b, key)} vs {getattr(a, key)})")
+            raise ValueError(
+                f"cannot merge {other.source} into {reference.source}: {key} differs "
+                f"({getattr(b, key)} vs {getattr(a, key)})"
+            )
     if set(reference.tensors) != set(other.tensors):
         missing = sorted(set(reference.tensors) ^ set(other.tensors))[:3]
         raise ValueError(f"cannot merge {other.source} into {reference.source}: different tensors, e.g. {missing}")
     for name, t in reference.tensors.items():
         if other.tensors[name].shape != t.shape:
-            raise ValueError(f"cannot merge {other.source}: {name} has shape {tuple(other.tensors[name].shape)}, "
-                             f"expected {tuple(t.shape)}")
+            raise ValueError(
+                f"cannot merge {other.source}: {name} has shape {tuple(other.tensors[name].shape)}, "
+                f"expected {tuple(t.shape)}"
+            )
 
 
 def run_merge(config: MergeConfig) -> tuple[Checkpoint, dict[str, torch.Tensor]]:
@@ -132,7 +163,9 @@ def run_merge(config: MergeConfig) -> tuple[Checkpoint, dict[str, torch.Tensor]]
         elif method == "ties":
             merged[name] = merge.ties(base.tensors[name], ts, weights, density, config.scale)
         elif method in ("dare_linear", "dare_ties"):
-            merged[name] = merge.dare(base.tensors[name], ts, weights, density, generator, method == "dare_ties", config.scale)
+            merged[name] = merge.dare(
+                base.tensors[name], ts, weights, density, generator, method == "dare_ties", config.scale
+            )
         else:
             other = next((ck for m, ck in zip(config.models, models) if m.model != config.base_model), models[-1])
             merged[name] = merge.slerp(base.tensors[name], other.tensors[name], config.t)

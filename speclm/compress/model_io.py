@@ -1,4 +1,5 @@
 """Loading a checkpoint with its tokenizer, and turning a built model back into HF-named tensors."""
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """Perplexity over non-overlapping windows: exp of the mean next-token NLL (GPTQ/SparseGPT convention)."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """Unstructured and N:M pruning of the decoder Linears: magnitude (per layer or global), Wanda, SparseGPT."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -96,7 +97,8 @@ def prune_model(model: LlamaModel, options: PruneOptions, windows: torch.Tensor 
                     metric = module.weight.abs() * x.float().pow(2).sum(dim=0).sqrt().unsqueeze(0)
                     module.weight[lowest_mask(metric, options)] = 0
                 else:
-                    module.weight.copy_(sparsegpt(module.weight, hessian(x), options.sparsity,
-                                                  options.prune_n, options.prune_m))
+                    module.weight.copy_(
+                        sparsegpt(module.weight, hessian(x), options.sparsity, options.prune_n, options.prune_m)
+                    )
             del inputs
     return sparsity_of(model)

@@ -1,5 +1,6 @@
 """Quantization-aware training for small models: fine-tune through fake-quantized weights with a
 straight-through estimator, so the final round-to-nearest lands on weights trained for it."""
+
 from __future__ import annotations
 
 import torch
@@ -40,8 +41,9 @@ def training_loss(model: LlamaModel, window: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float(), window[1:])
 
 
-def quantization_aware_training(model: LlamaModel, windows: torch.Tensor, scheme: QuantScheme, steps: int = 50,
-                                lr: float = 1e-4, seed: int = 0) -> list[float]:
+def quantization_aware_training(
+    model: LlamaModel, windows: torch.Tensor, scheme: QuantScheme, steps: int = 50, lr: float = 1e-4, seed: int = 0
+) -> list[float]:
     """Train the decoder Linear weights (only) through STE fake quantization for `steps` windows drawn
     from `windows` (seeded); returns the loss curve. The weights stay latent fp32: quantize after."""
     if steps < 1:

@@ -1,4 +1,5 @@
 """Writing quantized weights in speclm's stored format (speclm/models/qformat.py describes and reads it)."""
+
 from __future__ import annotations
 
 import torch

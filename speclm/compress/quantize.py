@@ -1,5 +1,6 @@
 """The quantization driver: a method name -> a model with quantized decoder Linears, and the
 tensors + quantization_config that store it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -11,10 +12,10 @@ from speclm.compress.calibration import LINEAR_NAMES, LayerwiseCalibration, hess
 from speclm.compress.gptq import gptq
 from speclm.compress.model_io import FUSED_LINEARS, model_to_tensors, split_fused
 from speclm.compress.qformat import fp8_quantize, int_tensors
-from speclm.models.qformat import QUANT_METHOD
 from speclm.compress.rtn import QuantizedWeight, QuantScheme, rtn
 from speclm.compress.smoothquant import smooth_layer
 from speclm.models.llama import LlamaModel
+from speclm.models.qformat import QUANT_METHOD
 
 # method -> (algorithm, bits or fp8 format, default group size, default symmetric)
 METHODS = {
@@ -61,7 +62,9 @@ class QuantizeOptions:
 
     def scheme(self) -> QuantScheme:
         _, bits, group, sym = METHODS[self.method]
-        return QuantScheme(bits, group if self.group_size is None else self.group_size, sym if self.sym is None else self.sym)
+        return QuantScheme(
+            bits, group if self.group_size is None else self.group_size, sym if self.sym is None else self.sym
+        )
 
 
 @dataclass
@@ -110,7 +113,13 @@ def quantize_model(model: LlamaModel, options: QuantizeOptions, windows: torch.T
             for name in LINEAR_NAMES:
                 module = layer.get_submodule(name)
                 if algorithm == "gptq":
-                    qw = gptq(module.weight, hessian(inputs[name]), scheme, percdamp=options.percdamp, act_order=options.act_order)
+                    qw = gptq(
+                        module.weight,
+                        hessian(inputs[name]),
+                        scheme,
+                        percdamp=options.percdamp,
+                        act_order=options.act_order,
+                    )
                 else:
                     qw = rtn(module.weight, scheme)
                 quantized[i, name] = qw
@@ -119,7 +128,9 @@ def quantize_model(model: LlamaModel, options: QuantizeOptions, windows: torch.T
     return QuantizeResult(model, _int_checkpoint_tensors(model, quantized), _int_config(model, options, scheme))
 
 
-def _int_checkpoint_tensors(model: LlamaModel, quantized: dict[tuple[int, str], QuantizedWeight]) -> dict[str, torch.Tensor]:
+def _int_checkpoint_tensors(
+    model: LlamaModel, quantized: dict[tuple[int, str], QuantizedWeight]
+) -> dict[str, torch.Tensor]:
     """HF-named tensors with each quantized Linear's weight replaced by its stored integer form."""
     tensors = model_to_tensors(model)
     for (i, fused), qw in quantized.items():
@@ -133,14 +144,23 @@ def _int_checkpoint_tensors(model: LlamaModel, quantized: dict[tuple[int, str], 
 
 def _in_features(model: LlamaModel) -> dict[str, int]:
     layer = model.layers[0]
-    return {name.rsplit(".", 1)[-1]: layer.get_submodule(fused).weight.shape[1]
-            for fused, names in FUSED_LINEARS.items() for name in names}
+    return {
+        name.rsplit(".", 1)[-1]: layer.get_submodule(fused).weight.shape[1]
+        for fused, names in FUSED_LINEARS.items()
+        for name in names
+    }
 
 
 def _int_config(model: LlamaModel, options: QuantizeOptions, scheme: QuantScheme) -> dict:
-    cfg = {"quant_method": QUANT_METHOD, "method": options.method, "format": "int", **scheme.to_dict(),
-           "packing": "uint8, 4-bit values two per byte (low nibble first)" if scheme.bits == 4 else "uint8",
-           "in_features": _in_features(model), "modules": "decoder linears (q,k,v,o,gate,up,down)"}
+    cfg = {
+        "quant_method": QUANT_METHOD,
+        "method": options.method,
+        "format": "int",
+        **scheme.to_dict(),
+        "packing": "uint8, 4-bit values two per byte (low nibble first)" if scheme.bits == 4 else "uint8",
+        "in_features": _in_features(model),
+        "modules": "decoder linears (q,k,v,o,gate,up,down)",
+    }
     if options.algorithm == "gptq":
         cfg.update(act_order=options.act_order, percdamp=options.percdamp)
     if options.algorithm == "qat":
@@ -163,10 +183,18 @@ def _quantize_fp8(model: LlamaModel, fmt: str) -> QuantizeResult:
                 module.weight.copy_(w8.float() * scale)
     tensors = model_to_tensors(model)
     for (i, fused), (w8, scale) in stored.items():
-        for (name, w_part), (_, s_part) in zip(split_fused(model, fused, w8).items(), split_fused(model, fused, scale).items()):
+        for (name, w_part), (_, s_part) in zip(
+            split_fused(model, fused, w8).items(), split_fused(model, fused, scale).items()
+        ):
             prefix = f"model.layers.{i}.{name}"
             tensors[prefix + ".weight"] = w_part.contiguous()
             tensors[prefix + ".weight_scale"] = s_part.contiguous()
-    config = {"quant_method": QUANT_METHOD, "method": f"fp8-{fmt}", "format": "fp8", "fp8_format": fmt,
-              "granularity": "per output channel", "modules": "decoder linears (q,k,v,o,gate,up,down)"}
+    config = {
+        "quant_method": QUANT_METHOD,
+        "method": f"fp8-{fmt}",
+        "format": "fp8",
+        "fp8_format": fmt,
+        "granularity": "per output channel",
+        "modules": "decoder linears (q,k,v,o,gate,up,down)",
+    }
     return QuantizeResult(model, tensors, config)

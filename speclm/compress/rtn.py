@@ -3,6 +3,7 @@
 Every scheme stores unsigned integers q in [0, 2^bits - 1] with a scale and zero point per
 (output row, input group): w ~ (q - zero) * scale. Symmetric schemes fix zero = 2^(bits-1).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -64,6 +65,8 @@ def rtn(w: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
     return QuantizedWeight(quantize_to_int(w.float(), scale, zero, scheme), scale, zero, scheme)
 
 
-def from_fake_quant(w_hat: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
+def from_fake_quant(
+    w_hat: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, scheme: QuantScheme
+) -> QuantizedWeight:
     """Integers for weights already on the grid (GPTQ's output): rounding recovers q exactly."""
     return QuantizedWeight(quantize_to_int(w_hat, scale, zero, scheme), scale, zero, scheme)

@@ -1,4 +1,5 @@
 """Write a checkpoint as a Hugging Face model directory: config.json, model.safetensors, tokenizer files."""
+
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ from speclm.tokenizer import Tokenizer
 
 def tokenizer_config(tokenizer: Tokenizer, max_length: int) -> dict:
     """tokenizer_config.json for PreTrainedTokenizerFast: special tokens, BOS rule and chat template."""
+
     def text(token_id: int | None) -> str | None:
         return None if token_id is None else tokenizer.backend.id_to_token(token_id)
 

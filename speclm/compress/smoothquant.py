@@ -1,5 +1,6 @@
 """SmoothQuant (Xiao et al. 2022): migrate activation outliers into the weights with per-channel
 scales s = max|X|^alpha / max|W|^(1-alpha), folded into the RMSNorms, so W8A8 loses little."""
+
 from __future__ import annotations
 
 import torch
@@ -15,8 +16,10 @@ def smooth_scale(x_absmax: torch.Tensor, w: torch.Tensor, alpha: float) -> torch
 @torch.no_grad()
 def smooth_layer(layer, inputs: dict[str, torch.Tensor], alpha: float = 0.5) -> None:
     """Fold smoothing scales into input_layernorm/qkv_proj and post_attention_layernorm/gate_up_proj."""
-    pairs = [(layer.input_layernorm, layer.self_attn.qkv_proj, "self_attn.qkv_proj"),
-             (layer.post_attention_layernorm, layer.mlp.gate_up_proj, "mlp.gate_up_proj")]
+    pairs = [
+        (layer.input_layernorm, layer.self_attn.qkv_proj, "self_attn.qkv_proj"),
+        (layer.post_attention_layernorm, layer.mlp.gate_up_proj, "mlp.gate_up_proj"),
+    ]
     for norm, linear, name in pairs:
         s = smooth_scale(inputs[name].abs().amax(dim=0), linear.weight, alpha)
         norm.weight.div_(s)

@@ -1,5 +1,6 @@
 """SparseGPT (Frantar & Alistarh 2023): prune columns in order, choosing the mask per block by the
 OBS saliency w^2 / [H^-1]_jj and spreading each pruned weight's error through the inverse Hessian."""
+
 from __future__ import annotations
 
 import torch

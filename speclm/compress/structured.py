@@ -1,6 +1,7 @@
 """Structured pruning that shrinks the tensors: MLP intermediate channels and attention KV groups
 (a KV head with the query heads that share it), the same count in every layer so the result is an
 ordinary, smaller llama config that any loader runs."""
+
 from __future__ import annotations
 
 import copy
@@ -33,8 +34,9 @@ def _keep(scores: torch.Tensor, fraction: float) -> torch.Tensor:
 
 
 @torch.no_grad()
-def prune_structured(checkpoint: Checkpoint, model: LlamaModel, method: str, fraction: float,
-                     windows: torch.Tensor | None = None) -> Checkpoint:
+def prune_structured(
+    checkpoint: Checkpoint, model: LlamaModel, method: str, fraction: float, windows: torch.Tensor | None = None
+) -> Checkpoint:
     """A smaller checkpoint with `fraction` of the MLP channels or KV groups of every layer removed.
     Importance: weight norms of the unit's output projection columns, times the L2 norm of their
     calibration activations when windows are given (Wanda-style, per unit)."""
@@ -60,7 +62,9 @@ def prune_structured(checkpoint: Checkpoint, model: LlamaModel, method: str, fra
     group = c.num_heads // c.num_kv_heads  # query heads per KV head
     norms = _input_norms(model, windows, "self_attn.o_proj")
     for i, layer in enumerate(model.layers):
-        cols = layer.self_attn.o_proj.weight.norm(dim=0) * (norms[i] if norms[i] is not None else 1.0)  # [heads*head_dim]
+        cols = layer.self_attn.o_proj.weight.norm(dim=0) * (
+            norms[i] if norms[i] is not None else 1.0
+        )  # [heads*head_dim]
         score = cols.view(c.num_kv_heads, group * c.head_dim).norm(dim=1)
         keep_kv = _keep(score, fraction)
         q_heads = (keep_kv.unsqueeze(1) * group + torch.arange(group)).flatten()

@@ -1,5 +1,6 @@
 """Data shipped with speclm: the Spec-Bench dev prompts (Apache-2.0, see LICENSE.spec-bench), and reading
 Spec-Bench style prompt files."""
+
 from __future__ import annotations
 
 import json

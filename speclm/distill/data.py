@@ -1,5 +1,6 @@
 """Target data for drafter training, cached on disk: the target's own greedy responses to prompts
 and its features (post-final-norm hidden states) over prompt + response, plus token counts."""
+
 from __future__ import annotations
 
 import hashlib
@@ -57,22 +58,23 @@ class TargetData:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         return self.tokens[a:b], self.features[a:b].float(), int(self.prompt_lengths[i])
 
-    def subset(self, indices: list[int]) -> "TargetData":
+    def subset(self, indices: list[int]) -> TargetData:
         """The sequences `indices`, in that order, as their own TargetData (token_counts kept whole:
         the token map is chosen from all the data, as the runtime head's is)."""
         rows = [torch.arange(int(self.offsets[i]), int(self.offsets[i + 1])) for i in indices]
         lengths = torch.tensor([r.numel() for r in rows], dtype=self.offsets.dtype)
         index = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
         offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
-        return TargetData(self.tokens[index], self.features[index], offsets, self.prompt_lengths[indices],
-                          self.token_counts)
+        return TargetData(
+            self.tokens[index], self.features[index], offsets, self.prompt_lengths[indices], self.token_counts
+        )
 
     def save(self, path: str, metadata: dict) -> None:
         tensors = {k: v.contiguous() for k, v in asdict(self).items()}
         save_file(tensors, path, metadata={"speclm_distill": json.dumps(metadata)})
 
     @classmethod
-    def load(cls, path: str) -> "TargetData":
+    def load(cls, path: str) -> TargetData:
         t = load_file(path)
         return cls(t["tokens"], t["features"], t["offsets"], t["prompt_lengths"], t["token_counts"])
 
@@ -92,9 +94,15 @@ def split_sequences(num_sequences: int, fraction: float, seed: int) -> tuple[lis
 def cache_key(model_path: str, weights: str, prompts: list[str], settings: DataSettings) -> str:
     """A hash of everything the data depends on (the model file's size and mtime stand for its bytes)."""
     stat = os.stat(model_path) if os.path.isfile(model_path) else None
-    ident = {"model": os.path.abspath(model_path), "size": stat.st_size if stat else None,
-             "mtime": int(stat.st_mtime) if stat else None, "weights": weights, "prompts": prompts,
-             "settings": asdict(settings), "version": FORMAT_VERSION}
+    ident = {
+        "model": os.path.abspath(model_path),
+        "size": stat.st_size if stat else None,
+        "mtime": int(stat.st_mtime) if stat else None,
+        "weights": weights,
+        "prompts": prompts,
+        "settings": asdict(settings),
+        "version": FORMAT_VERSION,
+    }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -102,8 +110,10 @@ def encode_prompts(llm, prompts: list[str], settings: DataSettings) -> list[list
     """Token ids of the prompts that fit max_prompt_tokens (chat template when settings.chat)."""
     if settings.chat and not llm.tokenizer.chat_template:
         raise ValueError("the model's tokenizer has no chat template; make the data with chat=False")
-    encoded = [llm.tokenizer.encode_chat([{"role": "user", "content": p}]) if settings.chat else llm.tokenizer.encode(p)
-               for p in prompts]
+    encoded = [
+        llm.tokenizer.encode_chat([{"role": "user", "content": p}]) if settings.chat else llm.tokenizer.encode(p)
+        for p in prompts
+    ]
     kept = [ids for ids in encoded if len(ids) <= settings.max_prompt_tokens]
     if not kept:
         raise ValueError(f"no prompt fits max_prompt_tokens={settings.max_prompt_tokens}")
@@ -147,11 +157,14 @@ def build_target_data(llm, prompts: list[str], settings: DataSettings) -> Target
         offsets.append(offsets[-1] + len(sequence))
         prompt_lengths.append(len(ids))
         counts += torch.bincount(torch.tensor(response, dtype=torch.long), minlength=counts.numel())
-    return TargetData(torch.cat(tokens), torch.cat(features), torch.tensor(offsets), torch.tensor(prompt_lengths),
-                      counts)
+    return TargetData(
+        torch.cat(tokens), torch.cat(features), torch.tensor(offsets), torch.tensor(prompt_lengths), counts
+    )
 
 
-def load_or_build(llm, weights: str, prompts: list[str], settings: DataSettings, cache_dir: str) -> tuple[TargetData, str]:
+def load_or_build(
+    llm, weights: str, prompts: list[str], settings: DataSettings, cache_dir: str
+) -> tuple[TargetData, str]:
     """The cached data for (model, weights, prompts, settings) under cache_dir/KEY/, built on a miss.
     Returns (data, path of the data file)."""
     key = cache_key(llm.model_path, weights, prompts, settings)

@@ -1,4 +1,5 @@
 """Distillation losses: temperature KD (forward KL + hard CE), reverse KL, generalized JSD, features."""
+
 from __future__ import annotations
 
 import math
@@ -28,23 +29,36 @@ def _kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
     return torch.where(p > 0, p * (log_p - log_q), torch.zeros_like(p)).sum(-1)
 
 
-def forward_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0,
-               mask: torch.Tensor | None = None) -> torch.Tensor:
+def forward_kl(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    temperature: float = 1.0,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """T^2 * KL(p_teacher^T || q_student^T), the mean over masked positions. The T^2 keeps the
     gradient's scale independent of T (Hinton et al. 2015). Logits are [..., vocab]."""
     kl = _kl(_log_probs(teacher_logits, temperature), _log_probs(student_logits, temperature))
     return temperature**2 * masked_mean(kl, mask)
 
 
-def reverse_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0,
-               mask: torch.Tensor | None = None) -> torch.Tensor:
+def reverse_kl(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    temperature: float = 1.0,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """T^2 * KL(q_student^T || p_teacher^T), the mode-seeking direction MiniLLM trains with."""
     kl = _kl(_log_probs(student_logits, temperature), _log_probs(teacher_logits, temperature))
     return temperature**2 * masked_mean(kl, mask)
 
 
-def generalized_jsd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, beta: float = 0.5,
-                    temperature: float = 1.0, mask: torch.Tensor | None = None) -> torch.Tensor:
+def generalized_jsd(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """GKD's JSD(beta) = beta KL(P || M) + (1-beta) KL(Q || M), M = beta P + (1-beta) Q, with P the
     teacher and Q the student (times T^2). JSD(beta) vanishes at beta = 0 and 1, but JSD/beta tends
     to the forward KL(P || Q) as beta -> 0 and JSD/(1-beta) to the reverse KL(Q || P) as beta -> 1;
@@ -71,9 +85,16 @@ def hard_ce(student_logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tens
 DIVERGENCES = ("fkl", "rkl", "jsd")
 
 
-def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor | None = None,
-                      divergence: str = "fkl", alpha: float = 0.0, temperature: float = 1.0, beta: float = 0.5,
-                      mask: torch.Tensor | None = None) -> torch.Tensor:
+def distillation_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    divergence: str = "fkl",
+    alpha: float = 0.0,
+    temperature: float = 1.0,
+    beta: float = 0.5,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """(1 - alpha) * divergence(teacher, student at temperature T, times T^2) + alpha * hard CE(labels).
     divergence: fkl (forward KL), rkl (reverse KL) or jsd (generalized JSD with beta)."""
     if not 0.0 <= alpha <= 1.0:
@@ -112,8 +133,14 @@ class FeatureDistillation(nn.Module):
     state (PKD normalizes both to unit length first: normalize=True), averaged over layers and
     masked positions."""
 
-    def __init__(self, student_hidden: int, teacher_hidden: int, student_layers: list[int], teacher_layers: list[int],
-                 normalize: bool = False) -> None:
+    def __init__(
+        self,
+        student_hidden: int,
+        teacher_hidden: int,
+        student_layers: list[int],
+        teacher_layers: list[int],
+        normalize: bool = False,
+    ) -> None:
         super().__init__()
         if len(student_layers) != len(teacher_layers):
             raise ValueError(f"layer map pairs {len(student_layers)} student with {len(teacher_layers)} teacher layers")
@@ -126,8 +153,9 @@ class FeatureDistillation(nn.Module):
             for p in self.projections:
                 nn.init.eye_(p.weight)
 
-    def forward(self, student_hidden: list[torch.Tensor], teacher_hidden: list[torch.Tensor],
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, student_hidden: list[torch.Tensor], teacher_hidden: list[torch.Tensor], mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """student_hidden / teacher_hidden: per-layer [..., width] states, indexed by layer."""
         losses = []
         for proj, s, t in zip(self.projections, self.student_layers, self.teacher_layers):

@@ -4,6 +4,7 @@ Teacher distributions are lm_head(cached features) through the target's fp32 hea
 both teacher and student logits are taken over the map's V' tokens only (the teacher renormalized
 over the subset): the drafter only ever proposes those tokens, so that is the distribution it needs.
 """
+
 from __future__ import annotations
 
 import torch
@@ -42,7 +43,9 @@ class HeadSpace:
 def pick_sequences(data: TargetData, batch_size: int, max_len: int, generator: torch.Generator):
     """`batch_size` random sequences (tokens [n], features [n, h], prompt length), each cut to its
     last max_len tokens, keeping the response whole where it fits."""
-    return [cut_sequence(data, i, max_len) for i in torch.randint(len(data), (batch_size,), generator=generator).tolist()]
+    return [
+        cut_sequence(data, i, max_len) for i in torch.randint(len(data), (batch_size,), generator=generator).tolist()
+    ]
 
 
 def cut_sequence(data: TargetData, i: int, max_len: int):
@@ -58,10 +61,22 @@ class DraftObjective:
     teacher with probability `on_policy` (GKD's lambda; needs `teacher`), optionally plus a feature loss
     between the student's and the target's final hidden states (weight `feature_weight`)."""
 
-    def __init__(self, student: LlamaModel, data: TargetData, space: HeadSpace, divergence: str = "fkl",
-                 alpha: float = 0.0, temperature: float = 1.0, beta: float = 0.5, on_policy: float = 0.0,
-                 teacher: LlamaModel | None = None, feature_weight: float = 0.0, batch_size: int = 4,
-                 max_len: int = 512, sample_tokens: int = 64) -> None:
+    def __init__(
+        self,
+        student: LlamaModel,
+        data: TargetData,
+        space: HeadSpace,
+        divergence: str = "fkl",
+        alpha: float = 0.0,
+        temperature: float = 1.0,
+        beta: float = 0.5,
+        on_policy: float = 0.0,
+        teacher: LlamaModel | None = None,
+        feature_weight: float = 0.0,
+        batch_size: int = 4,
+        max_len: int = 512,
+        sample_tokens: int = 64,
+    ) -> None:
         if not 0.0 <= on_policy <= 1.0:
             raise ValueError(f"--on-policy (GKD lambda) must be in [0, 1], got {on_policy}")
         if on_policy > 0 and teacher is None:
@@ -106,8 +121,9 @@ class DraftObjective:
             with torch.no_grad():
                 teacher_logits = self.space.logits(features[rows])
             labels, inside = self.space.labels(tokens[rows + 1])
-            loss = distillation_loss(student_logits, teacher_logits, labels, mask=inside if self.kd["alpha"] else None,
-                                     **self.kd)
+            loss = distillation_loss(
+                student_logits, teacher_logits, labels, mask=inside if self.kd["alpha"] else None, **self.kd
+            )
             if self.features is not None:
                 feature_loss = self.features([hidden[rows]], [features[rows].float()])
                 loss = loss + self.feature_weight * feature_loss
@@ -124,8 +140,16 @@ class MedusaObjective:
     lm_head(f_{t+1+i}) mixed with hard CE on the target's greedy token by alpha; head i's loss is
     weighted decay**i (Medusa's schedule), over positions whose target token is in the response."""
 
-    def __init__(self, heads: MedusaHeads, data: TargetData, space: HeadSpace, alpha: float = 0.0,
-                 decay: float = 0.8, batch_size: int = 8, max_len: int = 512) -> None:
+    def __init__(
+        self,
+        heads: MedusaHeads,
+        data: TargetData,
+        space: HeadSpace,
+        alpha: float = 0.0,
+        decay: float = 0.8,
+        batch_size: int = 8,
+        max_len: int = 512,
+    ) -> None:
         self.module = self.heads = heads
         self.data, self.space, self.alpha, self.decay = data, space, alpha, decay
         self.batch_size, self.max_len = batch_size, max_len
@@ -146,7 +170,9 @@ class MedusaObjective:
                 with torch.no_grad():
                     teacher = self.space.logits(features[rows + 1 + i])
                 labels, inside = self.space.labels(tokens[rows + 2 + i])
-                loss = distillation_loss(student, teacher, labels, alpha=self.alpha, mask=inside if self.alpha else None)
+                loss = distillation_loss(
+                    student, teacher, labels, alpha=self.alpha, mask=inside if self.alpha else None
+                )
                 total = total + weights[i] * loss / (sum(weights) * self.batch_size)
                 hits[i] += int(((student.argmax(-1) == labels) & inside).sum())
                 counts[i] += rows.numel()
@@ -161,9 +187,19 @@ class EagleObjective:
     predictions back), every row of it attending only to predicted features (a pessimistic context).
     `validation` (held-out sequences) is what validate() scores."""
 
-    def __init__(self, head: EagleHead, embed: torch.Tensor, data: TargetData, space: HeadSpace,
-                 ce_weight: float = 0.1, noise: float = 0.1, unroll: int = 1, batch_size: int = 4,
-                 max_len: int = 512, validation: TargetData | None = None) -> None:
+    def __init__(
+        self,
+        head: EagleHead,
+        embed: torch.Tensor,
+        data: TargetData,
+        space: HeadSpace,
+        ce_weight: float = 0.1,
+        noise: float = 0.1,
+        unroll: int = 1,
+        batch_size: int = 4,
+        max_len: int = 512,
+        validation: TargetData | None = None,
+    ) -> None:
         if unroll not in (1, 2):
             raise ValueError(f"--unroll must be 1 or 2, got {unroll}")
         self.module = self.head = head
@@ -174,15 +210,20 @@ class EagleObjective:
     def _predict(self, inputs, tokens, offset):
         """Rows read inputs[t] with embed(tokens[t+offset]) and predict features[t+offset] [rows, hidden]."""
         rows = inputs.shape[0]
-        return self.head(inputs, self.embed[tokens[offset:offset + rows]], torch.arange(offset, offset + rows),
-                         self.head.new_cache(rows), AttentionMetadata(0, rows))
+        return self.head(
+            inputs,
+            self.embed[tokens[offset : offset + rows]],
+            torch.arange(offset, offset + rows),
+            self.head.new_cache(rows),
+            AttentionMetadata(0, rows),
+        )
 
     def _pass(self, inputs, tokens, features, offset, mask, generator):
         """A noisy _predict scored against features[t+offset]: (pred, regression, ce, agreement)."""
         rows = inputs.shape[0]
         noisy = inputs + (torch.rand(inputs.shape, generator=generator) * 2 - 1) * self.noise
         pred = self._predict(noisy, tokens, offset)  # [rows, hidden]
-        target = features[offset:offset + rows]
+        target = features[offset : offset + rows]
         regression = masked_mean(F.smooth_l1_loss(pred, target, reduction="none").mean(-1), mask)
         if not mask.any():  # nothing to score (a response too short for this pass)
             return pred, regression, regression.new_zeros(()), regression.new_zeros(())
@@ -228,6 +269,8 @@ class EagleObjective:
                 if not mask.any():
                     continue
                 pred = self._predict(features[:-1], tokens, 1)[mask]  # [r, hidden]
-                agree += int((self.space.logits(pred).argmax(-1) == self.space.logits(features[1:][mask]).argmax(-1)).sum())
+                agree += int(
+                    (self.space.logits(pred).argmax(-1) == self.space.logits(features[1:][mask]).argmax(-1)).sum()
+                )
                 rows += int(mask.sum())
         return agree / max(1, rows)

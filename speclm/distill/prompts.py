@@ -1,4 +1,5 @@
 """Training prompts for drafters: Spec-Bench prompts the benchmark does not use, plus our own."""
+
 from __future__ import annotations
 
 from speclm.data import load_prompts
@@ -59,18 +60,70 @@ OWN_PROMPTS = [
 # of held-out ones: they memorised; 431 prompts still left EAGLE at 51-73% on training prompts vs
 # 30-50% held out, hence 14 templates x 64 topics now).
 TOPICS = [
-    "black holes", "the French Revolution", "climate change", "the human heart", "volcanoes",
-    "the stock market", "renewable energy", "the Roman Empire", "honey bees", "artificial intelligence",
-    "the water cycle", "the printing press", "electric cars", "the immune system", "coral reefs",
-    "the Industrial Revolution", "quantum computing", "the Moon landing", "recycling", "the Great Wall of China",
-    "jazz music", "the internet", "earthquakes", "the Olympic Games", "chess", "coffee",
-    "the Amazon rainforest", "vaccines", "democracy", "the Renaissance", "sleep", "social media",
-    "the periodic table", "dinosaurs", "cryptography", "remote work", "the ocean tides", "bread baking",
-    "public transport", "the Silk Road", "photosynthesis", "video games", "urban gardening",
-    "the theory of evolution", "solar panels", "the Mars rovers", "languages and dialects", "friendship",
-    "rainbows", "small businesses", "marathon running", "the metric system", "penguins",
-    "3D printing", "the Egyptian pyramids", "wind turbines", "meditation", "the history of money",
-    "glaciers", "a city library", "mushrooms", "the human brain", "container shipping", "board games",
+    "black holes",
+    "the French Revolution",
+    "climate change",
+    "the human heart",
+    "volcanoes",
+    "the stock market",
+    "renewable energy",
+    "the Roman Empire",
+    "honey bees",
+    "artificial intelligence",
+    "the water cycle",
+    "the printing press",
+    "electric cars",
+    "the immune system",
+    "coral reefs",
+    "the Industrial Revolution",
+    "quantum computing",
+    "the Moon landing",
+    "recycling",
+    "the Great Wall of China",
+    "jazz music",
+    "the internet",
+    "earthquakes",
+    "the Olympic Games",
+    "chess",
+    "coffee",
+    "the Amazon rainforest",
+    "vaccines",
+    "democracy",
+    "the Renaissance",
+    "sleep",
+    "social media",
+    "the periodic table",
+    "dinosaurs",
+    "cryptography",
+    "remote work",
+    "the ocean tides",
+    "bread baking",
+    "public transport",
+    "the Silk Road",
+    "photosynthesis",
+    "video games",
+    "urban gardening",
+    "the theory of evolution",
+    "solar panels",
+    "the Mars rovers",
+    "languages and dialects",
+    "friendship",
+    "rainbows",
+    "small businesses",
+    "marathon running",
+    "the metric system",
+    "penguins",
+    "3D printing",
+    "the Egyptian pyramids",
+    "wind turbines",
+    "meditation",
+    "the history of money",
+    "glaciers",
+    "a city library",
+    "mushrooms",
+    "the human brain",
+    "container shipping",
+    "board games",
 ]
 TEMPLATES = [
     "Explain {} to a beginner.",
@@ -100,8 +153,9 @@ def split_specbench(path: str, benchmark_per_category: int = BENCHMARK_PER_CATEG
     return [p["text"] for p in bench], train
 
 
-def training_prompts(specbench_path: str | None, benchmark_per_category: int = BENCHMARK_PER_CATEGORY,
-                     own: bool = True) -> list[str]:
+def training_prompts(
+    specbench_path: str | None, benchmark_per_category: int = BENCHMARK_PER_CATEGORY, own: bool = True
+) -> list[str]:
     """Spec-Bench prompts outside the benchmark split, then (with own=True) OWN_PROMPTS and TOPIC_PROMPTS."""
     train = split_specbench(specbench_path, benchmark_per_category)[1] if specbench_path else []
     return train + (list(OWN_PROMPTS) + TOPIC_PROMPTS if own else [])

@@ -1,4 +1,5 @@
 """One distillation run: load the target, get its cached data, build the student, train, save."""
+
 from __future__ import annotations
 
 import os
@@ -7,8 +8,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from speclm.distill.losses import DIVERGENCES
 from speclm.distill.data import DataSettings, frequent_tokens, load_or_build, split_sequences
+from speclm.distill.losses import DIVERGENCES
 from speclm.distill.objectives import DraftObjective, EagleObjective, HeadSpace, MedusaObjective
 from speclm.distill.prompts import training_prompts
 from speclm.distill.student import init_draft_model, save_draft_model, trainable_draft_parameters
@@ -58,8 +59,10 @@ class DistillOptions:
         if self.student not in STUDENTS:
             raise ValueError(f"--student must be one of {', '.join(STUDENTS)}, got {self.student!r}")
         if self.token_map_size < 0 or self.batch_size < 1 or self.max_len < 4:
-            raise ValueError(f"need --token-map-size >= 0, --batch-size >= 1, --max-len >= 4; got "
-                             f"{self.token_map_size}, {self.batch_size}, {self.max_len}")
+            raise ValueError(
+                f"need --token-map-size >= 0, --batch-size >= 1, --max-len >= 4; got "
+                f"{self.token_map_size}, {self.batch_size}, {self.max_len}"
+            )
         if self.init_only and self.student != "draft":
             raise ValueError("--init-only saves an untrained draft model; it needs --student draft")
         for name in ("alpha", "beta", "on_policy"):
@@ -68,17 +71,23 @@ class DistillOptions:
         if not self.temperature > 0:
             raise ValueError(f"--temperature must be positive, got {self.temperature}")
         if min(self.feature_weight, self.ce_weight, self.noise) < 0:
-            raise ValueError(f"--feature-weight, --ce-weight and --noise must be >= 0, got "
-                             f"{self.feature_weight}, {self.ce_weight}, {self.noise}")
+            raise ValueError(
+                f"--feature-weight, --ce-weight and --noise must be >= 0, got "
+                f"{self.feature_weight}, {self.ce_weight}, {self.noise}"
+            )
         if self.divergence not in DIVERGENCES:
             raise ValueError(f"--loss must be one of {', '.join(DIVERGENCES)}, got {self.divergence!r}")
         if self.num_layers < 1 or self.medusa_heads < 1 or self.medusa_layers < 1:
-            raise ValueError(f"--layers, --medusa-heads and --medusa-layers must be >= 1, got "
-                             f"{self.num_layers}, {self.medusa_heads}, {self.medusa_layers}")
+            raise ValueError(
+                f"--layers, --medusa-heads and --medusa-layers must be >= 1, got "
+                f"{self.num_layers}, {self.medusa_heads}, {self.medusa_layers}"
+            )
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"--val-fraction must be in [0, 1), got {self.val_fraction}")
         if self.val_fraction and self.student != "eagle":
-            raise ValueError(f"--val-fraction scores EAGLE's first drafts; it needs --student eagle, got {self.student!r}")
+            raise ValueError(
+                f"--val-fraction scores EAGLE's first drafts; it needs --student eagle, got {self.student!r}"
+            )
         if self.prompts is None and not self.own_prompts:
             raise ValueError("no training prompts: give --prompts or keep the built-in ones")
 
@@ -116,26 +125,48 @@ def prepare(opts: DistillOptions, llm=None) -> Prepared:
     checkpoint = load_checkpoint(llm.model_path)
     c = checkpoint.config
     head_weight = checkpoint.tensors["model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"]
-    token_map = (frequent_tokens(data.token_counts, opts.token_map_size, always=c.eos_token_ids)
-                 if opts.token_map_size else None)
+    token_map = (
+        frequent_tokens(data.token_counts, opts.token_map_size, always=c.eos_token_ids) if opts.token_map_size else None
+    )
     space = HeadSpace(head_weight, token_map)
     layers = None
     if opts.student == "draft":
         student, layers = init_draft_model(checkpoint, opts.num_layers, opts.layer_style)
         trainable_draft_parameters(student)
-        objective = DraftObjective(student, data, space, opts.divergence, opts.alpha, opts.temperature, opts.beta,
-                                   opts.on_policy, llm.model if opts.on_policy else None, opts.feature_weight,
-                                   opts.batch_size, opts.max_len)
+        objective = DraftObjective(
+            student,
+            data,
+            space,
+            opts.divergence,
+            opts.alpha,
+            opts.temperature,
+            opts.beta,
+            opts.on_policy,
+            llm.model if opts.on_policy else None,
+            opts.feature_weight,
+            opts.batch_size,
+            opts.max_len,
+        )
     elif opts.student == "medusa":
         heads = MedusaHeads(c.hidden_size, c.vocab_size, opts.medusa_heads, opts.medusa_layers, token_map)
         objective = MedusaObjective(heads, data, space, opts.alpha, batch_size=opts.batch_size, max_len=opts.max_len)
     else:
-        objective = EagleObjective(init_eagle_head(checkpoint, token_map), checkpoint.tensors["model.embed_tokens.weight"],
-                                   data, space, opts.ce_weight, opts.noise, opts.unroll, opts.batch_size, opts.max_len,
-                                   validation)
+        objective = EagleObjective(
+            init_eagle_head(checkpoint, token_map),
+            checkpoint.tensors["model.embed_tokens.weight"],
+            data,
+            space,
+            opts.ce_weight,
+            opts.noise,
+            opts.unroll,
+            opts.batch_size,
+            opts.max_len,
+            validation,
+        )
     num_validation = len(validation) if validation is not None else 0
-    return Prepared(objective, llm, data_path, len(data), int(data.tokens.numel()), num_validation, token_map, layers,
-                    data_seconds)
+    return Prepared(
+        objective, llm, data_path, len(data), int(data.tokens.numel()), num_validation, token_map, layers, data_seconds
+    )
 
 
 def save_student(opts: DistillOptions, prepared: Prepared, metadata: dict) -> None:
@@ -143,8 +174,13 @@ def save_student(opts: DistillOptions, prepared: Prepared, metadata: dict) -> No
     metadata = {"trained_on": prepared.data_path, "options": _jsonable(asdict(opts))} | metadata
     if opts.student == "draft":
         student = prepared.objective.student
-        save_draft_model(student, prepared.llm.tokenizer, opts.out, prepared.token_map,
-                         metadata | {"teacher_layers": prepared.teacher_layers})
+        save_draft_model(
+            student,
+            prepared.llm.tokenizer,
+            opts.out,
+            prepared.token_map,
+            metadata | {"teacher_layers": prepared.teacher_layers},
+        )
     else:
         save_head(prepared.objective.module, opts.out, metadata)
 
@@ -155,18 +191,30 @@ def run_distill(opts: DistillOptions, llm=None) -> dict:
     validation split, the held-out score at each evaluation and the best step (the one saved)."""
     start = time.perf_counter()
     prepared = prepare(opts, llm)
-    summary = {"out": opts.out, "sequences": prepared.num_sequences, "tokens": prepared.num_tokens,
-               "data_s": round(prepared.data_seconds, 1), "steps": 0}
+    summary = {
+        "out": opts.out,
+        "sequences": prepared.num_sequences,
+        "tokens": prepared.num_tokens,
+        "data_s": round(prepared.data_seconds, 1),
+        "steps": 0,
+    }
     if prepared.num_validation:
         summary["val_sequences"] = prepared.num_validation
     if not opts.init_only:
         result = Trainer(prepared.objective, opts.train, os.path.join(opts.out, "train_state")).train(opts.resume)
-        summary |= {"steps": result.steps_done, "train_s": round(result.seconds, 1),
-                    "first_loss": _mean(result.losses[:10]), "final_loss": _mean(result.losses[-10:]),
-                    "stopped_by_time": result.stopped_by_time}
+        summary |= {
+            "steps": result.steps_done,
+            "train_s": round(result.seconds, 1),
+            "first_loss": _mean(result.losses[:10]),
+            "final_loss": _mean(result.losses[-10:]),
+            "stopped_by_time": result.stopped_by_time,
+        }
         if result.evals:  # the module now holds the best step's state: that is what gets saved
-            summary |= {"val_agree": [[step, round(score, 4)] for step, score in result.evals],
-                        "best_step": result.best_step, "best_val_agree": round(max(s for _, s in result.evals), 4)}
+            summary |= {
+                "val_agree": [[step, round(score, 4)] for step, score in result.evals],
+                "best_step": result.best_step,
+                "best_val_agree": round(max(s for _, s in result.evals), 4),
+            }
     save_student(opts, prepared, {k: v for k, v in summary.items() if k != "out"})
     summary["total_s"] = round(time.perf_counter() - start, 1)
     return summary

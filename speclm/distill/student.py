@@ -1,4 +1,5 @@
 """Draft-model students: a few target layers on the target's embeddings, saved as a Hugging Face dir."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,12 +11,11 @@ import torch
 from speclm.compress.model_io import model_to_tensors
 from speclm.compress.save import save_checkpoint
 from speclm.distill.losses import layer_map
-from speclm.models.checkpoint import Checkpoint, build_model
 from speclm.models.attention import AttentionMetadata
+from speclm.models.checkpoint import Checkpoint, build_model
 from speclm.models.llama import LlamaModel
 from speclm.speculative.draft_model import TOKEN_MAP_FILE
 from speclm.tokenizer import Tokenizer
-
 
 
 def init_draft_model(target: Checkpoint, num_layers: int, style: str = "uniform") -> tuple[LlamaModel, list[int]]:
@@ -72,8 +72,13 @@ def trainable_draft_parameters(model: LlamaModel) -> list[torch.nn.Parameter]:
     return params
 
 
-def save_draft_model(model: LlamaModel, tokenizer: Tokenizer, out_dir: str, token_map: torch.Tensor | None = None,
-                     metadata: dict | None = None) -> None:
+def save_draft_model(
+    model: LlamaModel,
+    tokenizer: Tokenizer,
+    out_dir: str,
+    token_map: torch.Tensor | None = None,
+    metadata: dict | None = None,
+) -> None:
     """A Hugging Face model directory (config.json, model.safetensors, tokenizer files) that speclm's
     loader and transformers both read, plus speclm_token_map.json when the draft's head is restricted
     to a frequent-token subset (DraftModelProposer reads it)."""

@@ -1,5 +1,6 @@
 """A small training loop: AdamW, warmup + cosine LR, grad clipping, time budget, resumable checkpoints,
 held-out validation keeping the best state."""
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,10 @@ class TrainConfig:
         if not self.lr > 0:
             raise ValueError(f"--lr must be positive, got {self.lr}")
         if min(self.warmup_steps, self.checkpoint_every, self.eval_every) < 0:
-            raise ValueError(f"--warmup-steps, --checkpoint-every and --eval-every must be >= 0, got "
-                             f"{self.warmup_steps}, {self.checkpoint_every}, {self.eval_every}")
+            raise ValueError(
+                f"--warmup-steps, --checkpoint-every and --eval-every must be >= 0, got "
+                f"{self.warmup_steps}, {self.checkpoint_every}, {self.eval_every}"
+            )
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"--min-lr-ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.grad_clip < 0 or self.weight_decay < 0:
@@ -106,9 +109,17 @@ class Trainer:
     def save_checkpoint(self) -> None:
         """Model (trainable module), optimizer, LR schedule, step, losses and RNG state, atomically."""
         os.makedirs(self.checkpoint_dir, exist_ok=True)
-        state = {"module": self._trainable_state(), "optimizer": self.optimizer.state_dict(),
-                 "scheduler": self.scheduler.state_dict(), "step": self.step, "losses": self.losses,
-                 "rng": torch.get_rng_state(), "config": asdict(self.config), "evals": self.evals, "best": self.best}
+        state = {
+            "module": self._trainable_state(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "losses": self.losses,
+            "rng": torch.get_rng_state(),
+            "config": asdict(self.config),
+            "evals": self.evals,
+            "best": self.best,
+        }
         torch.save(state, self.checkpoint_path + ".tmp")
         os.replace(self.checkpoint_path + ".tmp", self.checkpoint_path)
 
@@ -123,11 +134,15 @@ class Trainer:
             raise ValueError(f"--resume: no checkpoint at {self.checkpoint_path}")
         state = torch.load(self.checkpoint_path, weights_only=False)
         if state["config"]["seed"] != self.config.seed or state["config"]["steps"] != self.config.steps:
-            raise ValueError(f"--resume: {self.checkpoint_path} was made with seed {state['config']['seed']} and "
-                             f"{state['config']['steps']} steps; this run has {self.config.seed} and {self.config.steps}")
+            raise ValueError(
+                f"--resume: {self.checkpoint_path} was made with seed {state['config']['seed']} and "
+                f"{state['config']['steps']} steps; this run has {self.config.seed} and {self.config.steps}"
+            )
         _, unexpected = self.objective.module.load_state_dict(state["module"], strict=False)
         if unexpected or set(self._trainable_state()) - set(state["module"]):
-            raise ValueError(f"--resume: {self.checkpoint_path} does not fit this student (unexpected {unexpected[:3]})")
+            raise ValueError(
+                f"--resume: {self.checkpoint_path} does not fit this student (unexpected {unexpected[:3]})"
+            )
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.losses = state["step"], state["losses"]
@@ -173,8 +188,14 @@ class Trainer:
         self.save_checkpoint()
         if self.best is not None:  # after the checkpoint, so a resumed run continues from the last step
             self.objective.module.load_state_dict(self.best[2], strict=False)
-        return TrainResult(self.step, self.losses, time.perf_counter() - start, stopped_by_time, self.evals,
-                           self.best[0] if self.best else None)
+        return TrainResult(
+            self.step,
+            self.losses,
+            time.perf_counter() - start,
+            stopped_by_time,
+            self.evals,
+            self.best[0] if self.best else None,
+        )
 
     def _evaluate(self) -> None:
         """Score the objective's validate() now; remember the trainable state if it is the best so far."""

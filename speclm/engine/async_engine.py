@@ -1,4 +1,5 @@
 """Drives an Engine from one background thread and hands each request's outputs to asyncio callers."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,8 +11,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from speclm.engine.engine import Engine, SequenceOutput
-from speclm.engine.request import Request
+from speclm.engine.engine import Engine
+from speclm.engine.request import Request, SequenceOutput
 
 
 class RequestFailedError(RuntimeError):
@@ -57,8 +58,12 @@ class AsyncEngine:
     server then exits non-zero so that a supervisor restarts it).
     """
 
-    def __init__(self, engine: Engine, observer: EngineObserver | None = None,
-                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        observer: EngineObserver | None = None,
+        on_fatal: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self.engine = engine
         self.observer = observer
         self.on_fatal = on_fatal
@@ -182,8 +187,9 @@ class AsyncEngine:
             if stream is None:
                 continue
             if out.error is not None:  # the engine dropped this request alone; the others go on
-                self._fail_streams([out.request_id], RequestFailedError(
-                    f"the engine failed this request: {type(out.error).__name__}"))
+                self._fail_streams(
+                    [out.request_id], RequestFailedError(f"the engine failed this request: {type(out.error).__name__}")
+                )
                 continue
             if out.token_ids:
                 last = stream.last_time.get(out.index)

@@ -4,20 +4,20 @@ Both the Python API (LLM) and the server drive it; a single request is a batch o
 A step is: propose (each speculating sequence drafts) -> schedule (which tokens run, how many drafts
 are granted) -> run (one batched forward) -> finish (per sequence: verify, commit, hand features on).
 """
+
 from __future__ import annotations
 
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
 from speclm.config import CacheConfig, SpecConfig
 from speclm.engine.model_runner import ModelRunner, RowLogits
-from speclm.engine.request import GenerationStats, Request, RequestOutput
+from speclm.engine.request import GenerationStats, Request, RequestOutput, SequenceOutput
 from speclm.engine.scheduler import ScheduledChunk, Scheduler
-from speclm.engine.sequence import Sequence
+from speclm.engine.sequence import Sequence, SequenceState
 from speclm.engine.speculation import Speculation
 from speclm.engine.stop import OutputTracker
 from speclm.kv.block_manager import BlockManager
@@ -29,40 +29,6 @@ from speclm.tokenizer import Tokenizer
 
 ProposerFactory = Callable[[SpecConfig], Proposer]
 ENGINE_DEFAULT = "engine-default"  # add_request(spec=...) sentinel: use the engine's speculative config
-
-
-@dataclass
-class SequenceOutput:
-    """What one step committed for one sample (`index` < n) of a request. `output` is set when the
-    sample finished; `error` when the engine failed the request (its other samples are dropped too)."""
-
-    request_id: str
-    index: int
-    token_ids: list[int]
-    text: str
-    output: RequestOutput | None = None
-    num_drafted: int = 0  # speculative tokens verified this step
-    num_accepted: int = 0
-    draft_depth: int | None = None  # a token tree's depth (None: a chain of num_drafted)
-    error: Exception | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.output is not None or self.error is not None
-
-
-@dataclass
-class _SequenceState:
-    request: Request
-    index: int
-    seq: Sequence
-    tracker: OutputTracker
-    generator: torch.Generator
-    stats: GenerationStats
-    prompt: str | None
-    t_arrival: float
-    forks: list[_SequenceState] = field(default_factory=list)  # samples 1..n-1, forked after prefill
-    speculation: Speculation | None = None
 
 
 class Engine:
@@ -80,9 +46,15 @@ class Engine:
     needs every feature (EAGLE) computes its whole prompt: prefix-cache blocks hold no features.
     """
 
-    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, config: CacheConfig | None = None,
-                 spec: SpecConfig | None = None, make_proposer: ProposerFactory | None = None,
-                 spec_max_batch: int = 8) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tokenizer: Tokenizer,
+        config: CacheConfig | None = None,
+        spec: SpecConfig | None = None,
+        make_proposer: ProposerFactory | None = None,
+        spec_max_batch: int = 8,
+    ) -> None:
         if spec is not None and make_proposer is None:
             raise ValueError("a speculative config needs a proposer factory")
         self.spec, self.make_proposer, self.spec_max_batch = spec, make_proposer, spec_max_batch
@@ -93,14 +65,15 @@ class Engine:
         num_blocks = self.config.resolve_num_blocks(runner.kv_bytes_per_token(quantize), runner.context_length)
         bs, window = self.config.block_size, self.config.streaming_window
         window_blocks = None if window is None else -(-window // bs)
-        self.block_manager = BlockManager(num_blocks, bs, self.config.enable_prefix_caching, window_blocks,
-                                          -(-self.config.attention_sinks // bs))
+        self.block_manager = BlockManager(
+            num_blocks, bs, self.config.enable_prefix_caching, window_blocks, -(-self.config.attention_sinks // bs)
+        )
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens)
         self.cache = runner.new_paged_cache(num_blocks, bs, quantize)
         # A streaming window bounds each sequence's blocks, not its length (positions keep counting).
         self.max_total_tokens = runner.context_length if window else min(runner.context_length, num_blocks * bs)
-        self._states: dict[str, _SequenceState] = {}
-        self._by_request: dict[str, list[_SequenceState]] = {}
+        self._states: dict[str, SequenceState] = {}
+        self._by_request: dict[str, list[SequenceState]] = {}
         self.num_steps = 0
 
     # -- requests ----------------------------------------------------------------------
@@ -114,13 +87,18 @@ class Engine:
             raise ValueError(f"prompt token ids must be in 0..{vocab - 1}")
         if len(prompt_ids) >= self.max_total_tokens:
             context, pool = self.runner.context_length, self.block_manager.num_blocks * self.config.block_size
-            limit = (f"the model's context is {context} tokens" if self.max_total_tokens == context
-                     else f"the KV cache holds {pool} tokens")
-            raise ValueError(f"prompt is {len(prompt_ids)} tokens but {limit} (it needs room for at least one "
-                             "generated token)")
+            limit = (
+                f"the model's context is {context} tokens"
+                if self.max_total_tokens == context
+                else f"the KV cache holds {pool} tokens"
+            )
+            raise ValueError(
+                f"prompt is {len(prompt_ids)} tokens but {limit} (it needs room for at least one generated token)"
+            )
 
-    def add_request(self, request: Request, n: int = 1, prompt: str | None = None,
-                    spec: SpecConfig | None | str = ENGINE_DEFAULT) -> None:
+    def add_request(
+        self, request: Request, n: int = 1, prompt: str | None = None, spec: SpecConfig | None | str = ENGINE_DEFAULT
+    ) -> None:
         """Queue a request for n samples; sample i uses seed + i when the request has a seed.
         `spec` overrides the engine's speculative config for this request (None = plain decoding)."""
         spec = self.spec if spec == ENGINE_DEFAULT else spec
@@ -136,15 +114,30 @@ class Engine:
         states = []
         for i in range(n):
             seed = params.sample_seed(i)
-            speculation = (Speculation.of(self.make_proposer(spec), spec.num_speculative_tokens, spec.adaptive)
-                           if spec else None)
+            speculation = (
+                Speculation.of(self.make_proposer(spec), spec.num_speculative_tokens, spec.adaptive) if spec else None
+            )
             needs_history = speculation is not None and speculation.proposer.feature_history
-            seq = Sequence(f"{request.request_id}#{i}", list(request.prompt_ids), total, reuse_prefix=not needs_history,
-                           hold_last=speculation is not None)
-            states.append(_SequenceState(
-                request, i, seq, OutputTracker(self.tokenizer, request.prompt_ids, params, self.max_total_tokens),
-                torch.Generator().manual_seed(seed if seed is not None else random.getrandbits(63)),
-                GenerationStats(prompt_tokens=len(request.prompt_ids)), prompt, now, speculation=speculation))
+            seq = Sequence(
+                f"{request.request_id}#{i}",
+                list(request.prompt_ids),
+                total,
+                reuse_prefix=not needs_history,
+                hold_last=speculation is not None,
+            )
+            states.append(
+                SequenceState(
+                    request,
+                    i,
+                    seq,
+                    OutputTracker(self.tokenizer, request.prompt_ids, params, self.max_total_tokens),
+                    torch.Generator().manual_seed(seed if seed is not None else random.getrandbits(63)),
+                    GenerationStats(prompt_tokens=len(request.prompt_ids)),
+                    prompt,
+                    now,
+                    speculation=speculation,
+                )
+            )
         states[0].forks = states[1:]
         self.scheduler.add(states[0].seq)
         self._by_request[request.request_id] = states
@@ -160,8 +153,11 @@ class Engine:
         """After a step raised outside any one sequence's work (the batched forward): drop every
         request with a running sequence (all of them took part) and free their blocks. Waiting
         requests were not touched and go on. Returns the dropped request ids."""
-        failed = list(dict.fromkeys(self._states[s.seq_id].request.request_id for s in self.scheduler.running
-                                    if s.seq_id in self._states))
+        failed = list(
+            dict.fromkeys(
+                self._states[s.seq_id].request.request_id for s in self.scheduler.running if s.seq_id in self._states
+            )
+        )
         for request_id in failed:
             self.abort(request_id)
         return failed
@@ -212,8 +208,13 @@ class Engine:
                 continue  # (a state is gone when its request failed earlier in this loop)
             try:
                 state.speculation.start(seq.prompt_ids, seq.max_total_tokens)
-                count = state.speculation.propose(seq.token_ids, state.tracker.remaining - 1, self._draft_room(seq),
-                                                  state.request.params, state.generator)
+                count = state.speculation.propose(
+                    seq.token_ids,
+                    state.tracker.remaining - 1,
+                    self._draft_room(seq),
+                    state.request.params,
+                    state.generator,
+                )
             except Exception as e:
                 outputs.append(self._fail(state, e))
                 continue
@@ -251,8 +252,14 @@ class Engine:
                 num_logits = 0  # the verifier's walk asks for its path's rows only
         return BatchEntry(tokens, chunk.start, self.block_manager.slot_ids(seq.seq_id, 0, end), num_logits, row_paths)
 
-    def _finish(self, state: _SequenceState, chunk: ScheduledChunk, rows: torch.Tensor, features: torch.Tensor,
-                seconds_per_row: float) -> list[SequenceOutput]:
+    def _finish(
+        self,
+        state: SequenceState,
+        chunk: ScheduledChunk,
+        rows: torch.Tensor,
+        features: torch.Tensor,
+        seconds_per_row: float,
+    ) -> list[SequenceOutput]:
         """After the forward: commit what the chunk decided for its sequence (and the forks of a prompt)."""
         seq, k = chunk.seq, chunk.num_drafts
         state.stats.target_forwards += 1
@@ -260,7 +267,7 @@ class Engine:
         if not chunk.completes:  # a prompt chunk: every row's next token is a prompt token
             self.block_manager.mark_computed(seq.seq_id, seq.token_ids, seq.num_computed)
             for s in [state, *state.forks]:
-                self._add_features(s, chunk.start, features)
+                s.add_features(chunk.start, features)
             return []
         if k and not len(rows):  # a big tree: the walk computes the logits of its path's rows only
             rows = self.runner.row_logits(features)
@@ -270,14 +277,14 @@ class Engine:
             child.seq.num_computed = seq.num_computed
             child.stats.target_forwards += 1  # the prompt's passes are shared
             self.scheduler.add_running(child.seq)
-            self._add_features(child, chunk.start, features[: chunk.num_tokens - k])  # not the parent's drafts
+            child.add_features(chunk.start, features[: chunk.num_tokens - k])  # not the parent's drafts
             outputs.append(self._commit(child, [self._sample(child, rows)], decoding=False))
         state.forks = []
         speculation, decoding = state.speculation, chunk.num_tokens - k == 1  # only the pending token (+ drafts)
         if k == 0:
             if speculation is not None and decoding:
                 speculation.record_plain_step(seconds_per_row)
-            self._add_features(state, chunk.start, features)
+            state.add_features(chunk.start, features)
             return outputs + [self._commit(state, [self._sample(state, rows)], decoding=decoding)]
         result, tree = speculation.verify(self.verifier, rows, k, state.request.params, state.generator)
         kept = [0] + [i + 1 for i in result.path]  # rows whose next tokens are now committed
@@ -285,35 +292,27 @@ class Engine:
             new_slots = self.block_manager.slot_ids(seq.seq_id, chunk.start, chunk.start + chunk.num_tokens)
             self.cache.move_slots([new_slots[r] for r in kept[1:]], new_slots[1 : len(kept)])
         seq.num_computed += result.num_accepted
-        self._add_features(state, chunk.start, features[kept])
+        state.add_features(chunk.start, features[kept])
         lazy_seconds = rows.seconds if isinstance(rows, RowLogits) else 0.0
         speculation.record(tree, result, seconds_per_row * chunk.num_tokens + lazy_seconds)
         depth = None if tree.is_chain() else tree.max_depth
         return outputs + [self._commit(state, result.tokens, k, result.num_accepted, depth, decoding=True)]
 
-    def _add_features(self, state: _SequenceState, start: int, features: torch.Tensor) -> None:
-        """Hand a feature proposer the target features ([n, hidden]) of positions start..start+n-1,
-        whose next tokens are committed, minus those it holds already (a preempted sequence recomputes)."""
-        speculation = state.speculation
-        if speculation is None or not speculation.proposer.wants_features:
-            return
-        speculation.start(state.seq.prompt_ids, state.seq.max_total_tokens)
-        skip = speculation.num_features - start
-        if skip < 0:  # a prefix-cache hit computed no features there
-            assert not speculation.proposer.feature_history, f"{state.seq.seq_id}: features skipped"
-            skip = 0
-        if skip < features.shape[0]:
-            speculation.proposer.add_features(features[skip:].clone())  # a copy: the step's hidden states are freed
-            speculation.num_features = start + features.shape[0]
-
     @staticmethod
-    def _sample(state: _SequenceState, rows: torch.Tensor | RowLogits) -> int:
+    def _sample(state: SequenceState, rows: torch.Tensor | RowLogits) -> int:
         """A plain draw from row 0 (the pending token's logits)."""
         first = rows[:1] if isinstance(rows, torch.Tensor) else rows(0)[None]
         return int(select_tokens(first, state.request.params, state.generator)[0])
 
-    def _commit(self, state: _SequenceState, tokens: list[int], drafted: int = 0, accepted: int = 0,
-                depth: int | None = None, decoding: bool = True) -> SequenceOutput:
+    def _commit(
+        self,
+        state: SequenceState,
+        tokens: list[int],
+        drafted: int = 0,
+        accepted: int = 0,
+        depth: int | None = None,
+        decoding: bool = True,
+    ) -> SequenceOutput:
         """Add a step's tokens to the sequence (up to a stop condition); `decoding`: the step ran the
         pending token alone (with any drafts), not the end of a prompt chunk."""
         taken = state.tracker.add(tokens)
@@ -325,25 +324,38 @@ class Engine:
             stats.prefill_seconds = now - state.t_arrival  # time to first token
         if decoding:
             stats.record_step(drafted, accepted, taken, depth)
-        out = SequenceOutput(state.request.request_id, state.index, tokens[:taken], state.tracker.take_delta(),
-                             num_drafted=drafted, num_accepted=accepted, draft_depth=depth)
+        out = SequenceOutput(
+            state.request.request_id,
+            state.index,
+            tokens[:taken],
+            state.tracker.take_delta(),
+            num_drafted=drafted,
+            num_accepted=accepted,
+            draft_depth=depth,
+        )
         if state.tracker.finished:
             stats.completion_tokens = len(state.tracker.token_ids)
             stats.seconds = now - state.t_arrival
-            out.output = RequestOutput(state.request.request_id, state.prompt, state.tracker.text,
-                                       state.tracker.token_ids, state.tracker.finish_reason, stats)
+            out.output = RequestOutput(
+                state.request.request_id,
+                state.prompt,
+                state.tracker.text,
+                state.tracker.token_ids,
+                state.tracker.finish_reason,
+                stats,
+            )
             self._drop(state)
             siblings = self._by_request.get(state.request.request_id, [])
             if all(s.seq.finished for s in siblings):
                 self._by_request.pop(state.request.request_id, None)
         return out
 
-    def _fail(self, state: _SequenceState, error: Exception) -> SequenceOutput:
+    def _fail(self, state: SequenceState, error: Exception) -> SequenceOutput:
         """Drop a request whose own work raised; one output carries the error to its caller."""
         self.abort(state.request.request_id)
         return SequenceOutput(state.request.request_id, state.index, [], "", error=error)
 
-    def _drop(self, state: _SequenceState) -> None:
+    def _drop(self, state: SequenceState) -> None:
         if not state.seq.finished:
             self.scheduler.finish(state.seq)
         self._states.pop(state.seq.seq_id, None)
@@ -353,8 +365,9 @@ class Engine:
         state.forks = []
 
     # -- offline use -------------------------------------------------------------------
-    def generate(self, requests: list[Request], n: int = 1, prompts: list[str | None] | None = None
-                 ) -> list[list[RequestOutput]]:
+    def generate(
+        self, requests: list[Request], n: int = 1, prompts: list[str | None] | None = None
+    ) -> list[list[RequestOutput]]:
         """Run requests to completion together; per request its n outputs in sample order. A request
         the engine fails raises its error here."""
         for i, request in enumerate(requests):

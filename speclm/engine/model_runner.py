@@ -1,4 +1,5 @@
 """ModelRunner: the only engine component that touches model tensors."""
+
 from __future__ import annotations
 
 import time
@@ -26,8 +27,9 @@ class ModelRunner:
 
     def new_paged_cache(self, num_blocks: int, block_size: int, quantize: bool = False) -> PagedKVCache:
         c, device = self.config, self.model.embed_tokens.weight.device
-        return PagedKVCache(c.num_layers, c.num_kv_heads, c.head_dim, num_blocks, block_size, self.model.attn_dtype,
-                            device, quantize)
+        return PagedKVCache(
+            c.num_layers, c.num_kv_heads, c.head_dim, num_blocks, block_size, self.model.attn_dtype, device, quantize
+        )
 
     def kv_bytes_per_token(self, quantize: bool = False) -> int:
         c = self.config

@@ -1,4 +1,5 @@
 """A generation request, its statistics, and its result."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -100,3 +101,23 @@ class StreamChunk:
     text: str
     token_ids: list[int]
     output: RequestOutput | None = None
+
+
+@dataclass
+class SequenceOutput:
+    """What one step committed for one sample (`index` < n) of a request. `output` is set when the
+    sample finished; `error` when the engine failed the request (its other samples are dropped too)."""
+
+    request_id: str
+    index: int
+    token_ids: list[int]
+    text: str
+    output: RequestOutput | None = None
+    num_drafted: int = 0  # speculative tokens verified this step
+    num_accepted: int = 0
+    draft_depth: int | None = None  # a token tree's depth (None: a chain of num_drafted)
+    error: Exception | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.output is not None or self.error is not None

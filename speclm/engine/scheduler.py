@@ -5,6 +5,7 @@ BlockManager for their cache slots, and when blocks run out preempts the newest 
 (its blocks are freed; it is recomputed from its prompt and committed tokens later, so no token is
 lost or repeated).
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -49,8 +50,9 @@ class Scheduler:
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int = 32, max_num_batched_tokens: int = 256) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
-            raise ValueError(f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1, "
-                             f"got {max_num_seqs}, {max_num_batched_tokens}")
+            raise ValueError(
+                f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1, got {max_num_seqs}, {max_num_batched_tokens}"
+            )
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -65,8 +67,9 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         if self.blocks.window_blocks is None and seq.max_total_tokens > self.capacity_tokens:
-            raise ValueError(f"sequence needs up to {seq.max_total_tokens} tokens but the KV cache holds "
-                             f"{self.capacity_tokens}")
+            raise ValueError(
+                f"sequence needs up to {seq.max_total_tokens} tokens but the KV cache holds {self.capacity_tokens}"
+            )
         self.waiting.append(seq)
 
     def add_running(self, seq: Sequence) -> None:

@@ -1,7 +1,15 @@
-"""A sequence of tokens being generated: what the scheduler and the block manager reason about."""
+"""A sequence of tokens being generated (what the scheduler and the block manager reason about), and
+the engine's per-sequence state around it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import torch
+
+from speclm.engine.request import GenerationStats, Request
+from speclm.engine.speculation import Speculation
+from speclm.engine.stop import OutputTracker
 
 
 @dataclass
@@ -41,3 +49,35 @@ class Sequence:
         """Tokens that may run in the next step (see hold_last)."""
         held = self.hold_last and self.num_uncomputed > 1
         return self.num_uncomputed - held
+
+
+@dataclass
+class SequenceState:
+    """Everything the engine keeps for one sequence: its request, tokens and stop tracking, its
+    random stream, statistics, and its speculative decoding (None for plain decoding)."""
+
+    request: Request
+    index: int
+    seq: Sequence
+    tracker: OutputTracker
+    generator: torch.Generator
+    stats: GenerationStats
+    prompt: str | None
+    t_arrival: float
+    forks: list[SequenceState] = field(default_factory=list)  # samples 1..n-1, forked after prefill
+    speculation: Speculation | None = None
+
+    def add_features(self, start: int, features: torch.Tensor) -> None:
+        """Hand a feature proposer the target features ([n, hidden]) of positions start..start+n-1,
+        whose next tokens are committed, minus those it holds already (a preempted sequence recomputes)."""
+        speculation = self.speculation
+        if speculation is None or not speculation.proposer.wants_features:
+            return
+        speculation.start(self.seq.prompt_ids, self.seq.max_total_tokens)
+        skip = speculation.num_features - start
+        if skip < 0:  # a prefix-cache hit computed no features there
+            assert not speculation.proposer.feature_history, f"{self.seq.seq_id}: features skipped"
+            skip = 0
+        if skip < features.shape[0]:
+            speculation.proposer.add_features(features[skip:].clone())  # a copy: the step's hidden states are freed
+            speculation.num_features = start + features.shape[0]

@@ -1,6 +1,7 @@
 """One sequence's speculative decoding: how many drafts it may propose this step (the K budget), the
 proposal, its verification against the target's rows, and what the step teaches the K controller.
 The engine calls these for every speculating sequence, so the speculative step exists once."""
+
 from __future__ import annotations
 
 import time
@@ -39,8 +40,9 @@ class Speculation:
             self.proposer.start(prompt_ids, max_total_tokens + self.controller.max_k + 1)
             self.started = True
 
-    def propose(self, context: list[int], wanted: int, room: int, params: SamplingParams,
-                generator: torch.Generator) -> int:
+    def propose(
+        self, context: list[int], wanted: int, room: int, params: SamplingParams, generator: torch.Generator
+    ) -> int:
         """Draft for the step after `context`; returns how many drafts there are (0: none this step).
 
         `wanted`: tokens still wanted after the pending one; `room`: draft rows the sequence's cache
@@ -65,8 +67,14 @@ class Speculation:
         """Whether a verification over `tree` computes its rows' logits on demand (see LAZY_LOGITS_NODES)."""
         return not tree.is_chain() and tree.num_nodes >= LAZY_LOGITS_NODES
 
-    def verify(self, verifier: RejectionSampler, rows: torch.Tensor | RowLogits, granted: int,
-               params: SamplingParams, generator: torch.Generator) -> tuple[VerificationResult, TokenTree]:
+    def verify(
+        self,
+        verifier: RejectionSampler,
+        rows: torch.Tensor | RowLogits,
+        granted: int,
+        params: SamplingParams,
+        generator: torch.Generator,
+    ) -> tuple[VerificationResult, TokenTree]:
         """The first `granted` drafts against their rows' logits ([1 + granted, vocab], or on demand)."""
         proposal, tree = self.proposal, self.tree(granted)
         probs = None if proposal.probs is None else proposal.probs[:granted]

@@ -1,4 +1,5 @@
 """Stop conditions and streaming text: EOS, max_tokens, stop strings, the context limit."""
+
 from __future__ import annotations
 
 from speclm.sampling_params import SamplingParams
@@ -9,7 +10,9 @@ class OutputTracker:
     """Accumulates a request's tokens and text, decides when it is finished, and hands out text
     deltas that never contain (a prefix of) a stop string."""
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int], params: SamplingParams, max_total_tokens: int) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, prompt_ids: list[int], params: SamplingParams, max_total_tokens: int
+    ) -> None:
         self.tokenizer = tokenizer
         self.params = params
         self.max_total_tokens = max_total_tokens
@@ -29,7 +32,9 @@ class OutputTracker:
     @property
     def remaining(self) -> int:
         """Tokens still allowed by max_tokens and the context."""
-        return min(self.params.max_tokens - len(self.token_ids), self.max_total_tokens - self.prompt_len - len(self.token_ids))
+        return min(
+            self.params.max_tokens - len(self.token_ids), self.max_total_tokens - self.prompt_len - len(self.token_ids)
+        )
 
     def add(self, tokens: list[int]) -> int:
         """Commit tokens one by one until finished; returns how many were taken."""

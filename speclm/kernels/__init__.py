@@ -1,4 +1,6 @@
-"""speclm's compiled CPU kernels (cpu_kernels.cpp): built with the system C++ compiler on first use, cached per machine."""
+"""speclm's compiled CPU kernels (cpu_kernels.cpp): built with the system C++ compiler on first use, cached
+per machine."""
+
 from __future__ import annotations
 
 import functools
@@ -27,9 +29,9 @@ def _cpu_signature() -> str:
 
 def build_name() -> str:
     """Extension name: one per source text, CPU and torch version."""
-    digest = hashlib.sha256(
-        SOURCE.read_bytes() + _cpu_signature().encode() + torch.__version__.encode()
-    ).hexdigest()[:16]
+    digest = hashlib.sha256(SOURCE.read_bytes() + _cpu_signature().encode() + torch.__version__.encode()).hexdigest()[
+        :16
+    ]
     return f"speclm_cpu_kernels_{digest}"
 
 
@@ -57,6 +59,9 @@ def cpu_kernels() -> ModuleType | None:
         )
     except (RuntimeError, OSError, ImportError, subprocess.CalledProcessError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"speclm: warning: CPU kernels unavailable ({first}); using torch's ops (slower decoding and "
-              f"verification; set {DISABLE_ENV}=0 to skip the build)", file=sys.stderr)
+        print(
+            f"speclm: warning: CPU kernels unavailable ({first}); using torch's ops (slower decoding and "
+            f"verification; set {DISABLE_ENV}=0 to skip the build)",
+            file=sys.stderr,
+        )
         return None

@@ -1,4 +1,5 @@
 """KV cache storage."""
+
 from speclm.kv.cache import KVCache
 
 __all__ = ["KVCache"]

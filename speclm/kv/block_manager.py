@@ -6,6 +6,7 @@ or more sequences (shared by reference count). Full blocks are keyed by a hash c
 so that a later prompt with the same prefix reuses them; unreferenced cached blocks stay readable
 until the free list runs dry, then the least recently freed one is evicted.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -55,13 +56,21 @@ class BlockManager:
     table (EVICTED) as it grows, so generation can run past the pool's per-sequence capacity.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 window_blocks: int | None = None, sink_blocks: int = 1) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        window_blocks: int | None = None,
+        sink_blocks: int = 1,
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         if window_blocks is not None and not sink_blocks < window_blocks <= num_blocks:
-            raise ValueError(f"the streaming window needs sink blocks ({sink_blocks}) < window blocks "
-                             f"({window_blocks}) <= pool blocks ({num_blocks})")
+            raise ValueError(
+                f"the streaming window needs sink blocks ({sink_blocks}) < window blocks "
+                f"({window_blocks}) <= pool blocks ({num_blocks})"
+            )
         self.window_blocks, self.sink_blocks = window_blocks, sink_blocks
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -137,8 +146,11 @@ class BlockManager:
         new_blocks = max(0, self.blocks_needed(end) - len(seq.blocks))
         if self.window_blocks is not None:
             self._slide_window(seq, write_from, new_blocks)
-        shared = [i for i in range(write_from // bs, min(len(seq.blocks), self.blocks_needed(end)))
-                  if self.ref_counts[seq.blocks[i]] > 1]
+        shared = [
+            i
+            for i in range(write_from // bs, min(len(seq.blocks), self.blocks_needed(end)))
+            if self.ref_counts[seq.blocks[i]] > 1
+        ]
         if new_blocks + len(shared) > self.num_free_blocks:
             return None
         copies = []

@@ -1,4 +1,5 @@
 """A preallocated per-sequence KV cache that can roll back rejected speculative positions."""
+
 from __future__ import annotations
 
 import torch

@@ -3,6 +3,7 @@
 Storage only: a sequence's tokens are wherever its block table says (BlockManager.slot_ids), and
 attention over them lives in speclm/models/attention.py (PagedAttentionMetadata).
 """
+
 from __future__ import annotations
 
 import torch
@@ -49,8 +50,10 @@ class PagedKVCache:
     def layer(self, index: int):
         """(keys, values) of one layer: tensors, or Int8Slots that index like them."""
         if self.quantize:
-            return (Int8Slots(self.keys[index], self.key_scales[index], self.dtype),
-                    Int8Slots(self.values[index], self.value_scales[index], self.dtype))
+            return (
+                Int8Slots(self.keys[index], self.key_scales[index], self.dtype),
+                Int8Slots(self.values[index], self.value_scales[index], self.dtype),
+            )
         return self.keys[index], self.values[index]
 
     def _tensors(self) -> list[torch.Tensor]:

@@ -1,4 +1,5 @@
 """int8 KV-cache storage: one fp32 scale per (kv head, slot), dequantized on read."""
+
 from __future__ import annotations
 
 import torch

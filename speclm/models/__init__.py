@@ -1,4 +1,5 @@
 """Model architectures and loading."""
+
 from speclm.models.checkpoint import Checkpoint, ModelLoadError, build_model
 from speclm.models.config import ModelConfig
 from speclm.models.llama import LlamaModel

@@ -2,6 +2,7 @@
 invariance rest on it), the metadata of a pass over one contiguous cache or over a paged batch, and
 grouped-query self-attention with its fused rotary write into the cache.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -66,14 +67,24 @@ def attend_like_decoding(
     kernels = decode_kernels(q)
     if kernels is not None:
         empty = rows.lengths[:0]
-        return kernels.attend_rows(q, keys, values, rows.lengths, empty if rows.slots is None else rows.slots,
-                                   empty if rows.slot_rows is None else rows.slot_rows, q.shape[-1] ** -0.5)
+        return kernels.attend_rows(
+            q,
+            keys,
+            values,
+            rows.lengths,
+            empty if rows.slots is None else rows.slots,
+            empty if rows.slot_rows is None else rows.slot_rows,
+            q.shape[-1] ** -0.5,
+        )
     gqa, out = q.shape[0] != keys.shape[0], []
     table_rows = range(len(rows.lengths)) if rows.slot_rows is None else rows.slot_rows.tolist()
     for i, (length, r) in enumerate(zip(rows.lengths.tolist(), table_rows)):
         index = slice(0, length) if rows.slots is None else rows.slots[r, :length]
-        out.append(F.scaled_dot_product_attention(
-            q[None, :, i : i + 1], keys[None, :, index], values[None, :, index], enable_gqa=gqa)[0])
+        out.append(
+            F.scaled_dot_product_attention(
+                q[None, :, i : i + 1], keys[None, :, index], values[None, :, index], enable_gqa=gqa
+            )[0]
+        )
     return torch.cat(out, dim=1)
 
 
@@ -113,8 +124,11 @@ class AttentionMetadata:
         """The rows' DecodeRows when they attend like decoding, else None (one SDPA call)."""
         like_decoding = self.paths is not None or (self.mask is None and (self.start > 0 or self.num_tokens == 1))
         if self._rows is None and like_decoding:
-            self._rows = (DecodeRows.causal(self.end, self.num_tokens, device) if self.paths is None
-                          else DecodeRows.tree(self.start, self.paths, device))
+            self._rows = (
+                DecodeRows.causal(self.end, self.num_tokens, device)
+                if self.paths is None
+                else DecodeRows.tree(self.start, self.paths, device)
+            )
         return self._rows
 
     def write_slots(self, device: torch.device) -> torch.Tensor:
@@ -130,8 +144,12 @@ class AttentionMetadata:
             return attend_like_decoding(q, k_cache, v_cache, rows)
         attn_mask, is_causal = self.sdpa_mask()
         return F.scaled_dot_product_attention(
-            q.unsqueeze(0), k_cache[:, : self.end].unsqueeze(0), v_cache[:, : self.end].unsqueeze(0),
-            attn_mask=attn_mask, is_causal=is_causal, enable_gqa=q.shape[0] != k_cache.shape[0],
+            q.unsqueeze(0),
+            k_cache[:, : self.end].unsqueeze(0),
+            v_cache[:, : self.end].unsqueeze(0),
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+            enable_gqa=q.shape[0] != k_cache.shape[0],
         )[0]
 
 
@@ -170,14 +188,17 @@ class PagedAttentionMetadata:
 
     def __init__(self, entries: list[BatchEntry], device: torch.device | str = "cpu") -> None:
         self.slot_mapping = torch.tensor(
-            [s for e in entries for s in e.slots[len(e.slots) - len(e.tokens):]], dtype=torch.long, device=device
+            [s for e in entries for s in e.slots[len(e.slots) - len(e.tokens) :]], dtype=torch.long, device=device
         )  # [num_tokens]
         # Per sequence: (its slots, its rows' DecodeRows over those slots) in row order.
         self.sequences: list[tuple[torch.Tensor, DecodeRows]] = []
         for e in entries:
             slots, n = torch.tensor(e.slots, dtype=torch.long, device=device), len(e.tokens)
-            local = (DecodeRows.tree(len(e.slots) - n, e.row_paths, device) if e.row_paths is not None
-                     else DecodeRows.causal(len(e.slots), n, device))
+            local = (
+                DecodeRows.tree(len(e.slots) - n, e.row_paths, device)
+                if e.row_paths is not None
+                else DecodeRows.causal(len(e.slots), n, device)
+            )
             self.sequences.append((slots, local))
         self.num_tokens = len(self.slot_mapping)
         self._pooled: DecodeRows | None = None
@@ -190,8 +211,11 @@ class PagedAttentionMetadata:
             for slots, local in self.sequences:
                 lengths.append(local.lengths)
                 table = slots[None] if local.slots is None else slots[local.slots]  # [table rows, width]
-                slot_rows.append(torch.zeros_like(local.lengths) + table_count if local.slots is None
-                                 else torch.arange(len(local.lengths), device=slots.device) + table_count)
+                slot_rows.append(
+                    torch.zeros_like(local.lengths) + table_count
+                    if local.slots is None
+                    else torch.arange(len(local.lengths), device=slots.device) + table_count
+                )
                 tables.append(table)
                 table_count += table.shape[0]
             width = max(t.shape[1] for t in tables)
@@ -211,8 +235,9 @@ class PagedAttentionMetadata:
         out, row = torch.empty_like(q), 0
         for slots, local in self.sequences:
             n = len(local.lengths)
-            out[:, row : row + n] = attend_like_decoding(q[:, row : row + n], k_cache[:, slots], v_cache[:, slots],
-                                                         local)
+            out[:, row : row + n] = attend_like_decoding(
+                q[:, row : row + n], k_cache[:, slots], v_cache[:, slots], local
+            )
             row += n
         return out
 
@@ -254,7 +279,7 @@ def self_attention(
         qk = apply_rope(qkv[: h + kv], cos, sin)  # q and k rotated in one go
         slots = meta.write_slots(qkv.device)
         k_cache[:, slots] = qk[h:]
-        v_cache[:, slots] = qkv[h + kv:]
+        v_cache[:, slots] = qkv[h + kv :]
         q = qk[:h]
     out = meta.attend_cached(q, k_cache, v_cache)  # [heads, num_tokens, head_dim]
     out = out.transpose(0, 1).reshape(n, -1)

@@ -1,4 +1,5 @@
 """The in-memory checkpoint form every loader produces, and building a model from it."""
+
 from __future__ import annotations
 
 import ctypes
@@ -13,8 +14,8 @@ import torch
 from torch import nn
 
 from speclm.models.config import ModelConfig
-from speclm.models.llama import LlamaModel
 from speclm.models.layers import RMSNorm
+from speclm.models.llama import LlamaModel
 from speclm.models.quant_linear import COMPUTE_DTYPE, WeightFormat, head_format, make_linear
 
 
@@ -40,7 +41,7 @@ def build_model(
     checkpoint: Checkpoint,
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
-    weights: "str | WeightFormat | None" = None,
+    weights: str | WeightFormat | None = None,
 ) -> LlamaModel:
     """Instantiate the decoder from the checkpoint, fusing QKV and gate/up, with its linear layers in
     the runtime format `weights` (fp32 | bf16 | int8 | int4[:GROUP]).
@@ -74,8 +75,10 @@ def format_advice(checkpoint: Checkpoint, fmt: WeightFormat) -> str | None:
     four_bit = [t for t in layers if t in FOUR_BIT_GRIDS]
     if fmt.name != "int8" or not layers or len(four_bit) < len(layers) / 2:
         return None
-    return (f"--weights int8 requantizes this file's {len(four_bit)} {'/'.join(sorted(set(four_bit)))} layer tensors "
-            "per output channel, off their per-32 grid; --weights int4 keeps that grid exactly and is faster")
+    return (
+        f"--weights int8 requantizes this file's {len(four_bit)} {'/'.join(sorted(set(four_bit)))} layer tensors "
+        "per output channel, off their per-32 grid; --weights int4 keeps that grid exactly and is faster"
+    )
 
 
 @functools.cache
@@ -146,7 +149,11 @@ def _build(checkpoint: Checkpoint, dtype: torch.dtype, device: str, fmt: WeightF
         setattr(module, attr, nn.Parameter(value, requires_grad=False))
 
     def set_linear(
-        parent: nn.Module, attr: str, name: str, weight: torch.Tensor, bias: torch.Tensor | None = None,
+        parent: nn.Module,
+        attr: str,
+        name: str,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
         head_format: WeightFormat | None = None,
     ) -> None:
         meta = getattr(parent, attr)
@@ -160,14 +167,21 @@ def _build(checkpoint: Checkpoint, dtype: torch.dtype, device: str, fmt: WeightF
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         set_param(layer.input_layernorm, "weight", p + "input_layernorm.weight", take(p + "input_layernorm.weight"))
-        set_param(layer.post_attention_layernorm, "weight", p + "post_attention_layernorm.weight",
-                  take(p + "post_attention_layernorm.weight"))
+        set_param(
+            layer.post_attention_layernorm,
+            "weight",
+            p + "post_attention_layernorm.weight",
+            take(p + "post_attention_layernorm.weight"),
+        )
         qkv = torch.cat([take(p + f"self_attn.{x}_proj.weight") for x in "qkv"], dim=0)
-        qkv_bias = (torch.cat([take(p + f"self_attn.{x}_proj.bias") for x in "qkv"], dim=0)
-                    if config.attention_bias else None)
+        qkv_bias = (
+            torch.cat([take(p + f"self_attn.{x}_proj.bias") for x in "qkv"], dim=0) if config.attention_bias else None
+        )
         set_linear(layer.self_attn, "qkv_proj", p + "self_attn.qkv_proj.weight", qkv, qkv_bias)
         o_bias = take(p + "self_attn.o_proj.bias") if config.attention_output_bias else None
-        set_linear(layer.self_attn, "o_proj", p + "self_attn.o_proj.weight", take(p + "self_attn.o_proj.weight"), o_bias)
+        set_linear(
+            layer.self_attn, "o_proj", p + "self_attn.o_proj.weight", take(p + "self_attn.o_proj.weight"), o_bias
+        )
         gate_up = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")], dim=0)
         set_linear(layer.mlp, "gate_up_proj", p + "mlp.gate_up_proj.weight", gate_up)
         set_linear(layer.mlp, "down_proj", p + "mlp.down_proj.weight", take(p + "mlp.down_proj.weight"))

@@ -1,4 +1,5 @@
 """Architecture hyper-parameters of a llama-family decoder, independent of the file format."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -66,15 +67,14 @@ class ModelConfig:
         return d
 
     @classmethod
-    def from_hf_dict(cls, d: dict) -> "ModelConfig":
+    def from_hf_dict(cls, d: dict) -> ModelConfig:
         """Read a Hugging Face config.json (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)."""
         archs = d.get("architectures") or []
         by_class = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
         arch = next((by_class[a] for a in archs if a in by_class), None) or d.get("model_type", "")
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
-                f"unsupported architecture {archs or d.get('model_type')!r}; "
-                f"speclm loads {', '.join(by_class)}"
+                f"unsupported architecture {archs or d.get('model_type')!r}; speclm loads {', '.join(by_class)}"
             )
         eos = d.get("eos_token_id", 2)
         num_heads = d["num_attention_heads"]

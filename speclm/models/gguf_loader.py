@@ -1,4 +1,5 @@
 """Read GGUF files (llama.cpp's format) with the `gguf` package into a Checkpoint."""
+
 from __future__ import annotations
 
 import functools
@@ -78,21 +79,13 @@ def hf_name(gguf_name: str) -> str | None:
 def rope_rows_to_half_split(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     """Reorder Q/K rows from the interleaved RoPE layout (Meta, llama.cpp, llama2.c) to half-split (HF)."""
     out_features = w.shape[0]
-    return (
-        w.reshape(num_heads, out_features // num_heads // 2, 2, *w.shape[1:])
-        .transpose(1, 2)
-        .reshape(w.shape)
-    )
+    return w.reshape(num_heads, out_features // num_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
 def half_split_to_rope_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     """Inverse of rope_rows_to_half_split: HF's half-split Q/K rows to llama.cpp's interleaved layout."""
     out_features = w.shape[0]
-    return (
-        w.reshape(num_heads, 2, out_features // num_heads // 2, *w.shape[1:])
-        .transpose(1, 2)
-        .reshape(w.shape)
-    )
+    return w.reshape(num_heads, 2, out_features // num_heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
 def _blocks(t, block_bytes: int) -> torch.Tensor:
@@ -240,6 +233,8 @@ def load_gguf(path: str) -> Checkpoint:
         tensors[name] = t
         quant_types[name] = t.tensor_type.name
     return Checkpoint(
-        config, LazyTensors(path, config, tensors), source=path,
+        config,
+        LazyTensors(path, config, tensors),
+        source=path,
         metadata={"format": "gguf", "gguf_tensor_types": quant_types},
     )

@@ -1,4 +1,5 @@
 """Read Hugging Face model directories (config.json + safetensors) into a Checkpoint."""
+
 from __future__ import annotations
 
 import glob

@@ -1,5 +1,6 @@
 """The llama-family decoder layer: RMSNorm, SwiGLU MLP and the layer itself, as nn.Modules (which
 training and calibration see) and as LayerOps, plain callables over the same tensors (inference)."""
+
 from __future__ import annotations
 
 import functools
@@ -79,10 +80,13 @@ class LayerOps(NamedTuple):
     intermediate_size: int
 
 
-def decoder_layer(x, k: LayerOps, cos, sin, k_cache, v_cache, meta: AttentionMetadata | PagedAttentionMetadata) -> torch.Tensor:
+def decoder_layer(
+    x, k: LayerOps, cos, sin, k_cache, v_cache, meta: AttentionMetadata | PagedAttentionMetadata
+) -> torch.Tensor:
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
-    x = x + self_attention(k.input_norm(x), k.qkv_proj, k.o_proj, k.num_heads, k.num_kv_heads, k.head_dim,
-                           cos, sin, k_cache, v_cache, meta)
+    x = x + self_attention(
+        k.input_norm(x), k.qkv_proj, k.o_proj, k.num_heads, k.num_kv_heads, k.head_dim, cos, sin, k_cache, v_cache, meta
+    )
     return x + swiglu(k.post_attention_norm(x), k.gate_up_proj, k.down_proj, k.intermediate_size)
 
 
@@ -101,8 +105,19 @@ class Attention(nn.Module):
         self.o_proj = Linear(q_size, config.hidden_size, bias=config.attention_output_bias)
 
     def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        return self_attention(x, self.qkv_proj, self.o_proj, self.num_heads, self.num_kv_heads, self.head_dim,
-                              cos, sin, k_cache, v_cache, meta)
+        return self_attention(
+            x,
+            self.qkv_proj,
+            self.o_proj,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            cos,
+            sin,
+            k_cache,
+            v_cache,
+            meta,
+        )
 
 
 class MLP(nn.Module):
@@ -131,8 +146,14 @@ class DecoderLayer(nn.Module):
     def ops(self, lean: bool = False) -> LayerOps:
         """This layer's callables: its modules, or with lean=True closures over their tensors."""
         a, m = self.self_attn, self.mlp
-        modules = (self.input_layernorm, a.qkv_proj, a.o_proj, self.post_attention_layernorm, m.gate_up_proj,
-                   m.down_proj)
+        modules = (
+            self.input_layernorm,
+            a.qkv_proj,
+            a.o_proj,
+            self.post_attention_layernorm,
+            m.gate_up_proj,
+            m.down_proj,
+        )
         if lean:
             modules = tuple(x.op() if isinstance(x, RMSNorm) else linear_op(x) for x in modules)
         return LayerOps(*modules, a.num_heads, a.num_kv_heads, a.head_dim, m.intermediate_size)

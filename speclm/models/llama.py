@@ -1,4 +1,5 @@
 """The llama-family decoder (llama, mistral, qwen2): forward -> hidden states, then logits."""
+
 from __future__ import annotations
 
 import torch

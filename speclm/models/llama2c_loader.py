@@ -1,4 +1,5 @@
 """Read Karpathy's llama2.c checkpoints (.bin, legacy version-0 export) into a Checkpoint."""
+
 from __future__ import annotations
 
 import os
@@ -27,7 +28,9 @@ def load_llama2c(path: str) -> Checkpoint:
     shared = vocab > 0
     vocab = abs(vocab)
     if min(dim, hidden, n_layers, n_heads, n_kv_heads, vocab, seq_len) <= 0 or dim % n_heads:
-        raise ModelLoadError(f"{path}: implausible llama2.c header {(dim, hidden, n_layers, n_heads, n_kv_heads, vocab, seq_len)}")
+        raise ModelLoadError(
+            f"{path}: implausible llama2.c header {(dim, hidden, n_layers, n_heads, n_kv_heads, vocab, seq_len)}"
+        )
     head_dim = dim // n_heads
     kv_dim = n_kv_heads * head_dim
     shapes = [
@@ -49,7 +52,9 @@ def load_llama2c(path: str) -> Checkpoint:
         shapes.append(("wcls", (vocab, dim)))
     needed = sum(int(np.prod(s)) for _, s in shapes)
     if data.size < needed:
-        raise ModelLoadError(f"{path}: truncated llama2.c checkpoint ({size} bytes, header implies {HEADER.size + 4 * needed})")
+        raise ModelLoadError(
+            f"{path}: truncated llama2.c checkpoint ({size} bytes, header implies {HEADER.size + 4 * needed})"
+        )
     arrays, offset = {}, 0
     for name, shape in shapes:
         n = int(np.prod(shape))

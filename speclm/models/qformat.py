@@ -6,6 +6,7 @@ low nibble first, when bits == 4), `P.scales` and `P.qzeros` ([rows, groups], fp
 (quant_method "speclm") records the scheme; nothing is inferred from file names. Writing these
 files is speclm.compress's business; reading them is the loader's, so the format lives here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -89,5 +90,7 @@ def dequantize_tensors(tensors: dict[str, torch.Tensor], qconfig: dict, source: 
         prefix = name[: -len(".qweight")]
         cols = qconfig["in_features"][prefix.rsplit(".", 1)[-1]]
         q = unpack(out.pop(name), scheme.bits, cols)
-        out[prefix + ".weight"] = dequantize(q, out.pop(prefix + ".scales").float(), out.pop(prefix + ".qzeros").float(), scheme)
+        out[prefix + ".weight"] = dequantize(
+            q, out.pop(prefix + ".scales").float(), out.pop(prefix + ".qzeros").float(), scheme
+        )
     return out

@@ -1,11 +1,11 @@
 """Runtime weight formats for linear layers: bf16, int8 per output channel, int4 group-wise (whose
 lm_head is w8a8: int8 weights and activations, speclm/models/w8a8_linear.py)."""
+
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import functools
 from types import ModuleType
 
 import torch
@@ -20,6 +20,8 @@ WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
 HEAD_ONLY_FORMATS = ("w8a8",)  # chosen by head_format, not by users
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 WEIGHTS_HELP = "fp32 | bf16 | int8 | int4 | int4:GROUP (GROUP in 32, 64, 128, 256; default 32)"
+
+
 @dataclass(frozen=True)
 class WeightFormat:
     """A parsed --weights value: the format name and, for int4, the quantization group size."""
@@ -34,7 +36,7 @@ class WeightFormat:
             raise ValueError(f"int4 group size must be one of {INT4_GROUP_SIZES}, got {self.group_size}")
 
     @classmethod
-    def parse(cls, value: "str | WeightFormat | None") -> "WeightFormat":
+    def parse(cls, value: str | WeightFormat | None) -> WeightFormat:
         if value is None:
             return cls()
         if isinstance(value, WeightFormat):
@@ -54,8 +56,9 @@ class WeightFormat:
 
 
 # -- runtime modules -------------------------------------------------------------------------------
-def _quantized_forward(matmul: Callable[[torch.Tensor], torch.Tensor], bias: torch.Tensor | None,
-                       x: torch.Tensor) -> torch.Tensor:
+def _quantized_forward(
+    matmul: Callable[[torch.Tensor], torch.Tensor], bias: torch.Tensor | None, x: torch.Tensor
+) -> torch.Tensor:
     y = matmul(x if x.dtype == COMPUTE_DTYPE else x.to(COMPUTE_DTYPE))
     if bias is not None:
         y = y + bias  # fp32 bias added to the exact bf16 product, as before
@@ -202,7 +205,9 @@ class Int4Linear(QuantizedLinear):
             return q * scale + zero
         # The kernel's fp32 path on the identity: exactly the stored grid, without re-deriving the packing.
         eye = torch.eye(self.in_features)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.weight, self.group_size, self.scales_and_zeros.float())
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            eye, self.weight, self.group_size, self.scales_and_zeros.float()
+        )
         return out.t().contiguous()
 
 
@@ -268,7 +273,7 @@ def head_format(fmt: WeightFormat) -> WeightFormat:
     return WeightFormat("w8a8") if w8a8_supported() else WeightFormat("int8")
 
 
-def convert_linear_layers(model: nn.Module, weights: "str | WeightFormat", include_lm_head: bool = True) -> nn.Module:
+def convert_linear_layers(model: nn.Module, weights: str | WeightFormat, include_lm_head: bool = True) -> nn.Module:
     """Replace every nn.Linear of `model` (in place) by the runtime format `weights`, one at a time
     so that only one fp32 weight is alive beyond the model's own. The lm_head is converted too
     (its weight may be tied to the embedding, which keeps its fp32 table for exact lookups)."""
@@ -276,12 +281,17 @@ def convert_linear_layers(model: nn.Module, weights: "str | WeightFormat", inclu
     if fmt.name == "fp32":
         return model
     targets = [
-        (name, module) for name, module in model.named_modules()
+        (name, module)
+        for name, module in model.named_modules()
         if isinstance(module, nn.Linear) and (include_lm_head or not name.endswith("lm_head"))
     ]
     for name, module in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         layer_format = head_format(fmt) if name.endswith("lm_head") else fmt
-        setattr(parent, attr, make_linear(module.weight.data, None if module.bias is None else module.bias.data, layer_format))
+        setattr(
+            parent,
+            attr,
+            make_linear(module.weight.data, None if module.bias is None else module.bias.data, layer_format),
+        )
     return model

@@ -1,4 +1,5 @@
 """Weight quantizers shared by the runtime formats: pure functions on fp32 [out, in] weights."""
+
 from __future__ import annotations
 
 import torch

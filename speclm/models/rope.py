@@ -1,5 +1,6 @@
 """Rotary position embeddings: inverse frequencies with rope_scaling (linear, llama3, yarn, GGUF freq
 factors), the cos/sin tables, and the rotation."""
+
 from __future__ import annotations
 
 import math

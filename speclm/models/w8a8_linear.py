@@ -12,6 +12,7 @@ row holding +1 and -1 is put in front: every call then quantizes on the same [-1
 integer GEMM is exact, so a row's output does not depend on the batch (a verification row equals
 the decoding call for the same token bit for bit). The row's absmax is multiplied back afterwards.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -72,8 +73,9 @@ class W8A8Linear(nn.Module):
             pad = -self.out_features % 16  # whole blocks of 16 outputs; the padding's outputs are dropped
             sums = q.sum(dim=1, dtype=torch.int32)
             if pad:
-                q, scales, sums = (torch.nn.functional.pad(t, (0, 0, 0, pad) if t.dim() == 2 else (0, pad))
-                                   for t in (q, scales, sums))
+                q, scales, sums = (
+                    torch.nn.functional.pad(t, (0, 0, 0, pad) if t.dim() == 2 else (0, pad)) for t in (q, scales, sums)
+                )
             self.packed = pack_int8(q)
             self.weight_scales = scales.float().contiguous()
             self.weight_sums = sums
@@ -107,11 +109,10 @@ class W8A8Linear(nn.Module):
             return (q.float() * self.weight_scales[:, None])[: self.out_features]
         return torch.ops.quantized.linear_unpack(self.packed)[0].dequantize()
 
-    def rows(self, index: torch.Tensor) -> "W8A8Linear":
+    def rows(self, index: torch.Tensor) -> W8A8Linear:
         """A layer computing only output rows `index` (a draft head over a token subset)."""
         bias = None if self.bias is None else self.bias[index]
         return W8A8Linear(self.dequantized_weight()[index], bias)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}")
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

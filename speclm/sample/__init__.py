@@ -1,4 +1,5 @@
 """Token selection: plain sampling and speculative verification."""
+
 from speclm.sample.rejection import RejectionSampler, VerificationResult
 from speclm.sample.sampler import processed_probs, sample_from_probs
 

@@ -14,6 +14,7 @@ residual p' (starting at the target's processed p there):
 When every child fails, the next token is drawn from p' (a *recovered* token); at a leaf it is drawn
 from the target's p there (a *bonus* token). The output is distributed exactly as the target alone.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -72,33 +73,53 @@ class RejectionSampler:
             p_of = lambda row: processed_probs(target_logits(row)[None], params)[0]  # noqa: E731
         return self._walk_sampled(children, draft_tokens, draft_probs, p_of, generator)
 
-    def verify_chain(self, target_logits: torch.Tensor, draft_tokens: list[int], draft_probs: torch.Tensor | None,
-                     params: SamplingParams, generator: torch.Generator | None = None) -> VerificationResult:
+    def verify_chain(
+        self,
+        target_logits: torch.Tensor,
+        draft_tokens: list[int],
+        draft_probs: torch.Tensor | None,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> VerificationResult:
         """verify for K drafts in a chain, against K+1 rows of logits."""
-        return self.verify(target_logits, TokenTree.chain(len(draft_tokens)), draft_tokens, draft_probs, params,
-                           generator)
+        return self.verify(
+            target_logits, TokenTree.chain(len(draft_tokens)), draft_tokens, draft_probs, params, generator
+        )
 
-    def verify_probs(self, target_probs: torch.Tensor, draft_tokens: list[int], draft_probs: torch.Tensor | None,
-                     generator: torch.Generator | None = None) -> VerificationResult:
+    def verify_probs(
+        self,
+        target_probs: torch.Tensor,
+        draft_tokens: list[int],
+        draft_probs: torch.Tensor | None,
+        generator: torch.Generator | None = None,
+    ) -> VerificationResult:
         """A chain against already processed target probabilities [K+1, vocab]."""
         children = TokenTree.chain(len(draft_tokens)).children()
         return self._walk_sampled(children, draft_tokens, draft_probs, target_probs.__getitem__, generator)
 
     @staticmethod
-    def _walk_greedy(children: list[list[int]], draft_tokens: list[int], choice_of: Callable[[int], int]
-                     ) -> VerificationResult:
+    def _walk_greedy(
+        children: list[list[int]], draft_tokens: list[int], choice_of: Callable[[int], int]
+    ) -> VerificationResult:
         path, row = [], 0
         while True:
             choice = choice_of(row)
             nxt = next((c for c in children[row] if draft_tokens[c] == choice), None)
             if nxt is None:
-                return VerificationResult.of([draft_tokens[c] for c in path] + [choice], path,
-                                             bool(path) and not children[row])
+                return VerificationResult.of(
+                    [draft_tokens[c] for c in path] + [choice], path, bool(path) and not children[row]
+                )
             path.append(nxt)
             row = nxt + 1
 
-    def _walk_sampled(self, children: list[list[int]], draft_tokens: list[int], draft_probs: torch.Tensor | None,
-                      p_of: Callable[[int], torch.Tensor], generator: torch.Generator | None) -> VerificationResult:
+    def _walk_sampled(
+        self,
+        children: list[list[int]],
+        draft_tokens: list[int],
+        draft_probs: torch.Tensor | None,
+        p_of: Callable[[int], torch.Tensor],
+        generator: torch.Generator | None,
+    ) -> VerificationResult:
         path, row = [], 0
         while True:
             residual = p_of(row)  # [vocab]: p at this row, then p-prime
@@ -113,8 +134,9 @@ class RejectionSampler:
                 residual = self.residual(residual, None if draft_probs is None else draft_probs[c], x)
             if nxt is None:
                 token = int(sample_from_probs(residual[None], generator))
-                return VerificationResult.of([draft_tokens[c] for c in path] + [token], path,
-                                             bool(path) and not children[row])
+                return VerificationResult.of(
+                    [draft_tokens[c] for c in path] + [token], path, bool(path) and not children[row]
+                )
             path.append(nxt)
             row = nxt + 1
 

@@ -3,6 +3,7 @@
 Plain decoding, draft models and the speculative verifier all call `processed_probs`, so the
 distribution a draft proposes from and the one the target verifies against are computed alike.
 """
+
 from __future__ import annotations
 
 import torch

@@ -5,6 +5,7 @@ sits at position start + depth and attends to the prefix, its ancestors and itse
 so after the accepted path is moved into place its KV entries are those plain decoding would
 have written. A chain of K drafts is the tree whose node i has parent i-1.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,5 +1,6 @@
 """The OpenAI-compatible FastAPI app: routes (routes.py) behind the gate (gate.py), errors in OpenAI's
 envelope (errors.py), and the engine thread started and stopped with the app."""
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,9 @@ if TYPE_CHECKING:
     from speclm.llm import LLM
 
 
-def create_app(engine: AsyncEngine, tokenizer: Tokenizer, config: ServerConfig | None = None,
-               metrics: ServerMetrics | None = None) -> FastAPI:
+def create_app(
+    engine: AsyncEngine, tokenizer: Tokenizer, config: ServerConfig | None = None, metrics: ServerMetrics | None = None
+) -> FastAPI:
     """An app serving `engine`; the engine thread runs while the app does (`app.state.service` holds
     engine, tokenizer, limits and metrics)."""
     config = config or ServerConfig()
@@ -47,7 +49,9 @@ def create_app(engine: AsyncEngine, tokenizer: Tokenizer, config: ServerConfig |
     app.state.engine = engine
     install_error_handlers(app)
     app.include_router(router)
-    app.add_middleware(Gate, config=config, on_status=lambda path, status: metrics.requests.labels(path, str(status)).inc())
+    app.add_middleware(
+        Gate, config=config, on_status=lambda path, status: metrics.requests.labels(path, str(status)).inc()
+    )
     app.openapi = lambda: openapi_with_error_responses(app)
     return app
 
@@ -57,8 +61,13 @@ def served_model_name(model_path: str) -> str:
     return os.path.splitext(os.path.basename(os.path.normpath(model_path)))[0]
 
 
-def build_app(llm: LLM, cache: CacheConfig, server: ServerConfig | None = None, spec_max_batch: int = 8,
-              on_fatal: Callable[[BaseException], None] | None = None) -> FastAPI:
+def build_app(
+    llm: LLM,
+    cache: CacheConfig,
+    server: ServerConfig | None = None,
+    spec_max_batch: int = 8,
+    on_fatal: Callable[[BaseException], None] | None = None,
+) -> FastAPI:
     """The app serving `llm` (its weights, tokenizer and speculative config) with an engine of its own
     over `cache`; `server` defaults to the model's file name as its id."""
     server = server or ServerConfig(model_name=served_model_name(llm.model_path))

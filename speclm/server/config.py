@@ -1,4 +1,5 @@
 """What the HTTP server accepts and how it behaves: key, limits, drain time (validated at construction)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,5 +1,6 @@
 """Errors in OpenAI's envelope: the exception routes raise, the handlers that answer every failure with
 it, and the OpenAPI document's description of those answers."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -28,8 +29,14 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 class APIError(Exception):
     """An error answered with the OpenAI envelope and `status`."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
 
@@ -44,8 +51,13 @@ class APIError(Exception):
 def _field_names() -> set[str]:
     from speclm.server import protocol
 
-    models = (protocol.CompletionRequest, protocol.ChatCompletionRequest, protocol.ChatMessage, protocol.TextPart,
-              protocol.StreamOptions)
+    models = (
+        protocol.CompletionRequest,
+        protocol.ChatCompletionRequest,
+        protocol.ChatMessage,
+        protocol.TextPart,
+        protocol.StreamOptions,
+    )
     return {name for model in models for name in model.model_fields}
 
 

@@ -3,6 +3,7 @@
 Plain ASGI rather than Starlette's BaseHTTPMiddleware: that one runs the route in a separate task
 and hides the client's disconnect from it, so abandoned requests ran to the end.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -55,8 +56,12 @@ class Gate:
         key = self.config.api_key
         protected = path.startswith("/v1/") or (path == "/metrics" and not self.config.metrics_open)
         if key and protected and not key_matches(header.decode("latin-1") if header else None, key):
-            raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
-                           "authentication_error", code="invalid_api_key")
+            raise APIError(
+                401,
+                "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                "authentication_error",
+                code="invalid_api_key",
+            )
 
     async def _read_body(self, scope: dict, receive: Callable) -> bytes:
         limit = self.config.max_body_bytes
@@ -80,14 +85,18 @@ class Gate:
     @staticmethod
     async def _answer(send: Callable, error: APIError) -> None:
         body = json.dumps(error.body()).encode()
-        await send({"type": "http.response.start", "status": error.status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": error.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
 def _too_large(limit: int) -> APIError:
-    return APIError(413, f"request body is larger than this server's limit of {limit} bytes",
-                    code="request_too_large")
+    return APIError(413, f"request body is larger than this server's limit of {limit} bytes", code="request_too_large")
 
 
 def _replay(body: bytes, receive: Callable) -> Callable:

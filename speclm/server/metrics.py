@@ -1,9 +1,11 @@
 """Prometheus metrics of the server and the batched engine, in a registry of their own."""
+
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from speclm.engine.engine import Engine, SequenceOutput
+from speclm.engine.engine import Engine
+from speclm.engine.request import SequenceOutput
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -13,26 +15,46 @@ class ServerMetrics:
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.requests = Counter("speclm_requests", "HTTP generation requests by endpoint and status code",
-                                ["endpoint", "status"], registry=r)
+        self.requests = Counter(
+            "speclm_requests",
+            "HTTP generation requests by endpoint and status code",
+            ["endpoint", "status"],
+            registry=r,
+        )
         self.prompt_tokens = Counter("speclm_prompt_tokens", "Prompt tokens of accepted requests", registry=r)
         self.generation_tokens = Counter("speclm_generation_tokens", "Generated tokens", registry=r)
-        self.ttft = Histogram("speclm_time_to_first_token_seconds", "Arrival to first generated token",
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("speclm_inter_token_latency_seconds", "Time between a sequence's committed tokens",
-                             buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "speclm_time_to_first_token_seconds",
+            "Arrival to first generated token",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "speclm_inter_token_latency_seconds",
+            "Time between a sequence's committed tokens",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.running = Gauge("speclm_num_requests_running", "Sequences in the running queue", registry=r)
         self.waiting = Gauge("speclm_num_requests_waiting", "Sequences waiting (new or preempted)", registry=r)
         self.blocks_used = Gauge("speclm_kv_blocks_used", "KV blocks referenced by live sequences", registry=r)
         self.blocks_total = Gauge("speclm_kv_blocks_total", "KV blocks in the pool", registry=r)
-        self.prefix_queried = Gauge("speclm_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache", registry=r)
-        self.prefix_hits = Gauge("speclm_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache", registry=r)
-        self.prefix_hit_rate = Gauge("speclm_prefix_cache_hit_rate", "prefix_cache_hit_tokens / queried_tokens", registry=r)
+        self.prefix_queried = Gauge(
+            "speclm_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache", registry=r
+        )
+        self.prefix_hits = Gauge(
+            "speclm_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache", registry=r
+        )
+        self.prefix_hit_rate = Gauge(
+            "speclm_prefix_cache_hit_rate", "prefix_cache_hit_tokens / queried_tokens", registry=r
+        )
         self.preemptions = Gauge("speclm_num_preemptions", "Sequences preempted for recompute so far", registry=r)
-        self.drafted = Counter("speclm_spec_drafted_tokens", "Speculative tokens verified, by draft position",
-                               ["position"], registry=r)
-        self.accepted = Counter("speclm_spec_accepted_tokens", "Speculative tokens accepted, by draft position",
-                                ["position"], registry=r)
+        self.drafted = Counter(
+            "speclm_spec_drafted_tokens", "Speculative tokens verified, by draft position", ["position"], registry=r
+        )
+        self.accepted = Counter(
+            "speclm_spec_accepted_tokens", "Speculative tokens accepted, by draft position", ["position"], registry=r
+        )
         self.steps = Counter("speclm_engine_steps", "Batched engine steps", registry=r)
         self.in_flight = Gauge("speclm_num_requests_in_flight", "HTTP generation requests being served", registry=r)
 

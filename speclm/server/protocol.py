@@ -3,6 +3,7 @@
 Fields are strict: a string is not a boolean, 1.0 is not an integer, NaN is not a number. Numeric
 ranges are those SamplingParams enforces; requests outside them never reach the engine.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Literal
@@ -42,16 +43,25 @@ class _GenerationRequest(BaseModel):
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         """ValueError (with the field's name) for values SamplingParams rejects, e.g. a top_p that is 0 in float32."""
-        return SamplingParams(temperature=1.0 if self.temperature is None else float(self.temperature),
-                              top_k=self.top_k, top_p=1.0 if self.top_p is None else float(self.top_p),
-                              seed=self.seed, max_tokens=max_tokens, stop=self.stop_strings(),
-                              ignore_eos=self.ignore_eos)
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else float(self.temperature),
+            top_k=self.top_k,
+            top_p=1.0 if self.top_p is None else float(self.top_p),
+            seed=self.seed,
+            max_tokens=max_tokens,
+            stop=self.stop_strings(),
+            ignore_eos=self.ignore_eos,
+        )
 
 
 class CompletionRequest(_GenerationRequest):
     """POST /v1/completions: one prompt, as text or token ids."""
 
-    prompt: StrictStr | Annotated[list[TokenId], Field(min_length=1)] | Annotated[list[StrictStr], Field(min_length=1, max_length=1)]
+    prompt: (
+        StrictStr
+        | Annotated[list[TokenId], Field(min_length=1)]
+        | Annotated[list[StrictStr], Field(min_length=1, max_length=1)]
+    )
     echo: StrictBool = False
     logprobs: StrictInt | None = Field(default=None, ge=0, le=5)
     suffix: StrictStr | None = None
@@ -148,7 +158,8 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict:
+def error_body(
+    message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict:
     """The OpenAI error envelope."""
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}

@@ -1,4 +1,5 @@
 """The OpenAI-compatible endpoints: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics."""
+
 from __future__ import annotations
 
 import time
@@ -6,15 +7,23 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from speclm.engine.engine import SequenceOutput
+from speclm.engine.request import SequenceOutput
 from speclm.server.errors import ERROR_RESPONSES, APIError
-from speclm.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
-                                    CompletionResponse, ModelList)
+from speclm.server.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ModelList,
+)
 from speclm.server.service import GenerationService, Submission
 
 router = APIRouter()
-STREAM_RESPONSE = {"content": {"text/event-stream": {}}, "description": "with stream: true, server-sent events "
-                   "ending in `data: [DONE]` (an error after the stream started is an error event)"}
+STREAM_RESPONSE = {
+    "content": {"text/event-stream": {}},
+    "description": "with stream: true, server-sent events "
+    "ending in `data: [DONE]` (an error after the stream started is an error event)",
+}
 
 
 def service_of(raw: Request) -> GenerationService:
@@ -42,16 +51,22 @@ async def metrics(raw: Request) -> Response:
 @router.get("/v1/models", response_model=ModelList, responses={401: ERROR_RESPONSES[401]})
 async def models(raw: Request) -> dict:
     service = service_of(raw)
-    return {"object": "list", "data": [{"id": service.config.model_name, "object": "model",
-                                        "created": service.created, "owned_by": "speclm"}]}
+    return {
+        "object": "list",
+        "data": [
+            {"id": service.config.model_name, "object": "model", "created": service.created, "owned_by": "speclm"}
+        ],
+    }
 
 
-@router.post("/v1/completions", response_model=CompletionResponse,
-             responses={**ERROR_RESPONSES, 200: STREAM_RESPONSE})
+@router.post("/v1/completions", response_model=CompletionResponse, responses={**ERROR_RESPONSES, 200: STREAM_RESPONSE})
 async def completions(body: CompletionRequest, raw: Request):
     service = service_of(raw)
-    for name, unsupported in (("echo", body.echo), ("logprobs", body.logprobs is not None),
-                              ("suffix", body.suffix is not None)):
+    for name, unsupported in (
+        ("echo", body.echo),
+        ("logprobs", body.logprobs is not None),
+        ("suffix", body.suffix is not None),
+    ):
         if unsupported:
             raise APIError(400, f"{name} is not supported by this server", param=name)
     prompt = body.prompt
@@ -61,19 +76,26 @@ async def completions(body: CompletionRequest, raw: Request):
         prompt = prompt[0]
     prompt_ids = await service.encode_text(prompt) if isinstance(prompt, str) else list(prompt)
     submission = service.submit(body, prompt_ids, prompt if isinstance(prompt, str) else None, body.max_tokens or 16)
-    base = {"id": f"cmpl-{submission.request_id}", "object": "text_completion", "created": int(time.time()),
-            "model": service.config.model_name}
+    base = {
+        "id": f"cmpl-{submission.request_id}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": service.config.model_name,
+    }
     if body.stream:
         return _stream_completion(service, submission, body, base)
     finals = await service.collect(submission, raw)
-    choices = [{"index": i, "text": finals[i].output.text, "logprobs": None, "finish_reason": finish_reason(finals[i])}
-               for i in sorted(finals)]
+    choices = [
+        {"index": i, "text": finals[i].output.text, "logprobs": None, "finish_reason": finish_reason(finals[i])}
+        for i in sorted(finals)
+    ]
     completion = sum(len(f.output.token_ids) for f in finals.values())
     return {**base, "choices": choices, "usage": service.usage(submission.prompt_ids, completion)}
 
 
-def _stream_completion(service: GenerationService, submission: Submission, body: CompletionRequest,
-                       base: dict) -> StreamingResponse:
+def _stream_completion(
+    service: GenerationService, submission: Submission, body: CompletionRequest, base: dict
+) -> StreamingResponse:
     completion = [0]
 
     def render(out: SequenceOutput) -> list[dict]:
@@ -91,8 +113,9 @@ def _stream_completion(service: GenerationService, submission: Submission, body:
     return StreamingResponse(service.events(submission, render, [], last), media_type="text/event-stream")
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
-             responses={**ERROR_RESPONSES, 200: STREAM_RESPONSE})
+@router.post(
+    "/v1/chat/completions", response_model=ChatCompletionResponse, responses={**ERROR_RESPONSES, 200: STREAM_RESPONSE}
+)
 async def chat_completions(body: ChatCompletionRequest, raw: Request):
     service = service_of(raw)
     if body.logprobs or body.top_logprobs:
@@ -103,29 +126,45 @@ async def chat_completions(body: ChatCompletionRequest, raw: Request):
     if body.stream:
         return _stream_chat(service, submission, body, base)
     finals = await service.collect(submission, raw)
-    choices = [{"index": i, "message": {"role": "assistant", "content": finals[i].output.text}, "logprobs": None,
-                "finish_reason": finish_reason(finals[i])} for i in sorted(finals)]
+    choices = [
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": finals[i].output.text},
+            "logprobs": None,
+            "finish_reason": finish_reason(finals[i]),
+        }
+        for i in sorted(finals)
+    ]
     completion = sum(len(f.output.token_ids) for f in finals.values())
-    return {**base, "object": "chat.completion", "choices": choices,
-            "usage": service.usage(submission.prompt_ids, completion)}
+    return {
+        **base,
+        "object": "chat.completion",
+        "choices": choices,
+        "usage": service.usage(submission.prompt_ids, completion),
+    }
 
 
-def _stream_chat(service: GenerationService, submission: Submission, body: ChatCompletionRequest,
-                 base: dict) -> StreamingResponse:
+def _stream_chat(
+    service: GenerationService, submission: Submission, body: ChatCompletionRequest, base: dict
+) -> StreamingResponse:
     chunk = {**base, "object": "chat.completion.chunk"}
     completion = [0]
-    first = [{**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
-             for i in range(body.n)]
+    first = [
+        {**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+        for i in range(body.n)
+    ]
 
     def render(out: SequenceOutput) -> list[dict]:
         completion[0] += len(out.token_ids)
         payloads = []
         if out.text:
-            payloads.append({**chunk, "choices": [{"index": out.index, "delta": {"content": out.text},
-                                                   "finish_reason": None}]})
+            payloads.append(
+                {**chunk, "choices": [{"index": out.index, "delta": {"content": out.text}, "finish_reason": None}]}
+            )
         if out.finished:
-            payloads.append({**chunk, "choices": [{"index": out.index, "delta": {},
-                                                   "finish_reason": finish_reason(out)}]})
+            payloads.append(
+                {**chunk, "choices": [{"index": out.index, "delta": {}, "finish_reason": finish_reason(out)}]}
+            )
         return payloads
 
     def last() -> list[dict]:

@@ -1,5 +1,6 @@
 """Between the routes and the engine: check a request against the limits, submit it, and turn the
 engine's outputs into OpenAI bodies (whole, or as server-sent events)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,8 +15,8 @@ from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from speclm.engine.async_engine import AsyncEngine, EngineStoppedError, RequestFailedError
-from speclm.engine.engine import SequenceOutput
 from speclm.engine.request import Request as EngineRequest
+from speclm.engine.request import SequenceOutput
 from speclm.server.config import ServerConfig
 from speclm.server.errors import APIError
 from speclm.server.metrics import ServerMetrics
@@ -58,14 +59,19 @@ class GenerationService:
             raise APIError(400, str(e), param="messages") from e
 
     # -- submission ----------------------------------------------------------------------------
-    def submit(self, body: _GenerationRequest, prompt_ids: list[int], prompt: str | None,
-               max_tokens: int | None) -> Submission:
+    def submit(
+        self, body: _GenerationRequest, prompt_ids: list[int], prompt: str | None, max_tokens: int | None
+    ) -> Submission:
         """Check everything the engine would choke on, then queue the request (nothing is queued on error)."""
         if not self.engine.alive:
             raise APIError(503, "the engine is not running", "server_error", code="engine_unavailable")
         if self.in_flight >= self.config.max_concurrent_requests:
-            raise APIError(429, f"too many requests in flight (limit {self.config.max_concurrent_requests}); "
-                           "retry later", "rate_limit_error", code="rate_limit_exceeded")
+            raise APIError(
+                429,
+                f"too many requests in flight (limit {self.config.max_concurrent_requests}); retry later",
+                "rate_limit_error",
+                code="rate_limit_exceeded",
+            )
         engine = self.engine.engine
         self._check_limits(body, prompt_ids)
         vocab = engine.runner.config.vocab_size
@@ -99,8 +105,12 @@ class GenerationService:
         if not prompt_ids:
             raise APIError(400, "the prompt is empty (it encodes to no tokens)", param="prompt")
         if c.max_prompt_tokens is not None and len(prompt_ids) > c.max_prompt_tokens:
-            raise APIError(400, f"prompt is {len(prompt_ids)} tokens; this server accepts at most "
-                           f"{c.max_prompt_tokens}", param="prompt", code="context_length_exceeded")
+            raise APIError(
+                400,
+                f"prompt is {len(prompt_ids)} tokens; this server accepts at most {c.max_prompt_tokens}",
+                param="prompt",
+                code="context_length_exceeded",
+            )
 
     async def _counted(self, outputs: AsyncIterator[SequenceOutput]) -> AsyncIterator[SequenceOutput]:
         self.in_flight += 1
@@ -134,8 +144,13 @@ class GenerationService:
             raise engine_error(e) from e
         return finals
 
-    async def events(self, submission: Submission, render: Callable[[SequenceOutput], list[dict]],
-                     first: list[dict], last: Callable[[], list[dict]]) -> AsyncIterator[str]:
+    async def events(
+        self,
+        submission: Submission,
+        render: Callable[[SequenceOutput], list[dict]],
+        first: list[dict],
+        last: Callable[[], list[dict]],
+    ) -> AsyncIterator[str]:
         """Server-sent events: `first` payloads, render(out) per engine output, last() at the end,
         then [DONE]. A failure after the stream started is sent as an error event, then [DONE]."""
         try:
@@ -151,8 +166,11 @@ class GenerationService:
         yield sse("[DONE]")
 
     def usage(self, prompt_ids: list[int], completion_tokens: int) -> dict:
-        return {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
-                "total_tokens": len(prompt_ids) + completion_tokens}
+        return {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(prompt_ids) + completion_tokens,
+        }
 
 
 def engine_error(e: Exception) -> APIError:

@@ -1,4 +1,5 @@
 """Adaptive speculation length: choose K from measured acceptance and measured costs."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -55,8 +56,9 @@ class SpeculationController:
         nearest = min(self.target_time, key=lambda m: abs(m - k))
         return self.target_time[nearest]
 
-    def record(self, k: int, num_accepted: int, proposer_seconds: float, target_seconds: float,
-               depth: int | None = None) -> None:
+    def record(
+        self, k: int, num_accepted: int, proposer_seconds: float, target_seconds: float, depth: int | None = None
+    ) -> None:
         """Fold one step's measurements into the running averages; `depth` is a tree's depth (a
         path ending there saw no rejection), None for a chain of k."""
         s = self.smoothing

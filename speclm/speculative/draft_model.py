@@ -1,4 +1,5 @@
 """Draft-model proposers: a separate small model (draft:PATH) or the target's first N layers (layerskip:N)."""
+
 from __future__ import annotations
 
 import copy
@@ -44,8 +45,13 @@ class DraftModelProposer(Proposer):
     head's matmul shrinks by vocab / V'.
     """
 
-    def __init__(self, model: LlamaModel, num_layers: int | None = None, name: str = "draft",
-                 token_map: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        num_layers: int | None = None,
+        name: str = "draft",
+        token_map: torch.Tensor | None = None,
+    ) -> None:
         self.model = model
         if model.lean_ops is None:  # a draft model of its own (layerskip shares the runner's target)
             model.use_lean_ops()
@@ -89,7 +95,9 @@ class DraftModelProposer(Proposer):
         full[:, self.token_map] = probs
         return full
 
-    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+    def propose(
+        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
         keep = 0
         limit = min(len(self.cached_ids), len(context) - 1)  # always re-feed the last token for its logits
         while keep < limit and self.cached_ids[keep] == context[keep]:

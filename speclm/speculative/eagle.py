@@ -1,4 +1,5 @@
 """EAGLE proposer (eagle:PATH): a one-layer feature-level head drafts a chain or an EAGLE-2 dynamic tree."""
+
 from __future__ import annotations
 
 import copy
@@ -34,8 +35,9 @@ class EagleProposer(Proposer):
     feature_history = True
     proposes_trees = True
 
-    def __init__(self, target: LlamaModel, head: EagleHead, topk: int = 2, beam: int = 2, depth: int = 5,
-                 name: str = "eagle") -> None:
+    def __init__(
+        self, target: LlamaModel, head: EagleHead, topk: int = 2, beam: int = 2, depth: int = 5, name: str = "eagle"
+    ) -> None:
         if topk < 1 or beam < 1 or depth < 1:
             raise ValueError(f"eagle needs topk, beam and depth >= 1, got {topk}, {beam}, {depth}")
         self.head, self.embed, self.name = head, target.embed_tokens, name
@@ -62,8 +64,9 @@ class EagleProposer(Proposer):
     def add_features(self, features: torch.Tensor) -> None:  # [n, hidden]
         self.pending.append(features)
 
-    def _run(self, features: torch.Tensor, tokens: list[int], positions: list[int], start: int,
-             mask: torch.Tensor | None) -> torch.Tensor:
+    def _run(
+        self, features: torch.Tensor, tokens: list[int], positions: list[int], start: int, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """Head rows at cache slots start..; [n, hidden] predicted features."""
         n = len(tokens)
         embeds = self.embed(torch.tensor(tokens))
@@ -84,7 +87,9 @@ class EagleProposer(Proposer):
         mask = None
         if m > 1 and start > 0:  # one causal SDPA call (draft rows need no decoding-exact attention)
             mask = torch.arange(start + m)[None, :] <= torch.arange(start, start + m)[:, None]
-        out = self._run(features, context[start + 1 : start + m + 1], list(range(start + 1, start + m + 1)), start, mask)
+        out = self._run(
+            features, context[start + 1 : start + m + 1], list(range(start + 1, start + m + 1)), start, mask
+        )
         self.rows = start + m
         self.cache.truncate(self.rows)
         self.last = out[-1]
@@ -96,7 +101,9 @@ class EagleProposer(Proposer):
         return values, (self.token_map[index] if self.token_map is not None else index)
 
     @torch.inference_mode()
-    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+    def propose(
+        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
         self._sync(context)
         if self.last is None:  # a one-token prompt: no feature until the first verification
             return Proposal()
@@ -154,8 +161,13 @@ class EagleProposer(Proposer):
                     a = parents[a]
                 mask[r, next_slot + r] = True
                 slot_of[node] = next_slot + r
-            out = self._run(torch.stack([features[parents[i]] for i in expand]), [tokens[i] for i in expand],
-                            [position + d - 1] * n, next_slot, mask)  # [n, hidden]
+            out = self._run(
+                torch.stack([features[parents[i]] for i in expand]),
+                [tokens[i] for i in expand],
+                [position + d - 1] * n,
+                next_slot,
+                mask,
+            )  # [n, hidden]
             next_slot += n
             values, top = self._top(out, self.topk)
             frontier = []
@@ -172,4 +184,3 @@ class EagleProposer(Proposer):
         index = {old: new for new, old in enumerate(keep)}
         self.cache.truncate(self.rows)
         return Proposal([tokens[i] for i in keep], None, [index[parents[i]] if parents[i] != -1 else -1 for i in keep])
-

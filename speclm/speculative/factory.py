@@ -1,4 +1,5 @@
 """One place that turns a --spec value into a proposer for a target model."""
+
 from __future__ import annotations
 
 from speclm.config import HEAD_OPTIONS, SpecConfig
@@ -40,10 +41,13 @@ class ProposerFactory:
             return self._head_proposer(spec)
         draft = build_model(load_checkpoint(spec.argument), weights=self.weights)
         if draft.config.vocab_size != self.target.config.vocab_size:
-            raise ValueError(f"draft model {spec.argument} has vocabulary {draft.config.vocab_size}, "
-                             f"the target {self.target.config.vocab_size}; they must share a tokenizer")
-        return DraftModelProposer(draft, name=spec.label,
-                                  token_map=load_token_map(spec.argument, draft.config.vocab_size))
+            raise ValueError(
+                f"draft model {spec.argument} has vocabulary {draft.config.vocab_size}, "
+                f"the target {self.target.config.vocab_size}; they must share a tokenizer"
+            )
+        return DraftModelProposer(
+            draft, name=spec.label, token_map=load_token_map(spec.argument, draft.config.vocab_size)
+        )
 
     def _head_proposer(self, spec: SpecConfig) -> Proposer:
         path, options = spec.head_path_and_options()

@@ -13,6 +13,7 @@ Conventions (shared by the trainer in speclm/distill and the proposers in speclm
 - `token_map` (optional, [V'] token ids) restricts a head's output to a frequent-token subset to
   cut the head matmul; the target still scores the full vocabulary, so verification stays exact.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from speclm.kv.cache import KVCache
-from speclm.models.config import ModelConfig
 from speclm.models.attention import AttentionMetadata
+from speclm.models.config import ModelConfig
 from speclm.models.layers import DecoderLayer
 from speclm.models.rope import RotaryEmbedding
 
@@ -50,8 +51,14 @@ class MedusaHeads(nn.Module):
 
     kind = "medusa"
 
-    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int = 4, num_layers: int = 1,
-                 token_map: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        vocab_size: int,
+        num_heads: int = 4,
+        num_layers: int = 1,
+        token_map: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         if num_heads < 1 or num_layers < 1:
             raise ValueError(f"Medusa needs num_heads >= 1 and num_layers >= 1, got {num_heads}, {num_layers}")
@@ -66,8 +73,13 @@ class MedusaHeads(nn.Module):
         return torch.stack([head(features) for head in self.heads])
 
     def config_dict(self) -> dict:
-        return {"kind": self.kind, "hidden_size": self.hidden_size, "vocab_size": self.vocab_size,
-                "num_heads": self.num_heads, "num_layers": self.num_layers}
+        return {
+            "kind": self.kind,
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+            "num_heads": self.num_heads,
+            "num_layers": self.num_layers,
+        }
 
 
 class EagleHead(nn.Module):
@@ -148,8 +160,9 @@ def load_head(directory: str | Path, target_config: ModelConfig | None = None) -
     token_map = tensors.pop("token_map", None)
     kind = config.get("kind")
     if kind == "medusa":
-        head: DraftHead = MedusaHeads(config["hidden_size"], config["vocab_size"], config["num_heads"],
-                                      config["num_layers"], token_map)
+        head: DraftHead = MedusaHeads(
+            config["hidden_size"], config["vocab_size"], config["num_heads"], config["num_layers"], token_map
+        )
     elif kind == "eagle":
         head = EagleHead(ModelConfig.from_hf_dict(config["target_config"]), token_map)
     else:
@@ -159,7 +172,8 @@ def load_head(directory: str | Path, target_config: ModelConfig | None = None) -
     if missing or unexpected:
         raise ValueError(f"{weights_path}: missing tensors {missing}, unexpected tensors {unexpected}")
     if target_config is not None and (head.hidden_size, head.vocab_size) != (
-        target_config.hidden_size, target_config.vocab_size
+        target_config.hidden_size,
+        target_config.vocab_size,
     ):
         raise ValueError(
             f"draft head in {directory} was trained for hidden size {head.hidden_size} and vocabulary "

@@ -1,4 +1,5 @@
 """Medusa proposer (medusa:PATH): K parallel heads on the target's last feature draft a static token tree."""
+
 from __future__ import annotations
 
 import copy
@@ -81,7 +82,9 @@ class MedusaProposer(Proposer):
         return self._trees[k]
 
     @torch.inference_mode()
-    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+    def propose(
+        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
         if self.feature is None:  # a one-token prompt: no feature until the first verification
             return Proposal()
         parents, paths = self._tree(k)

@@ -1,4 +1,5 @@
 """Prompt-lookup proposer: continue the most recent earlier occurrence of the context's last n tokens."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,7 +22,9 @@ class NgramProposer(Proposer):
             raise ValueError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.min_n, self.max_n = min_n, max_n
 
-    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+    def propose(
+        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
         return Proposal(find_continuation(context, k, self.min_n, self.max_n))
 
 

@@ -3,6 +3,7 @@
 A proposer declares what it can do on the class (`proposes_trees`, `wants_features`,
 `feature_history`); the engine reads those declarations, never probes for methods.
 """
+
 from __future__ import annotations
 
 import copy
@@ -47,8 +48,11 @@ class Proposal:
         if len(keep) == len(depth):
             return self
         new_index = {old: new for new, old in enumerate(keep)}
-        return Proposal([self.tokens[i] for i in keep], self.probs[keep] if self.probs is not None else None,
-                        [new_index.get(self.parents[i], -1) for i in keep])
+        return Proposal(
+            [self.tokens[i] for i in keep],
+            self.probs[keep] if self.probs is not None else None,
+            [new_index.get(self.parents[i], -1) for i in keep],
+        )
 
 
 class Proposer:
@@ -72,8 +76,9 @@ class Proposer:
     def start(self, prompt_ids: list[int], capacity: int) -> None:
         """Reset per-sequence state for a new prompt; `capacity` bounds the sequence length."""
 
-    def propose(self, context: list[int], k: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Proposal:
+    def propose(
+        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
         """Up to k tokens likely to follow `context` (all committed tokens so far)."""
         raise NotImplementedError
 

@@ -1,4 +1,5 @@
 """`speclm bench --compare` bookkeeping: interleaving, medians, ratios and greedy agreement."""
+
 from __future__ import annotations
 
 from speclm.bench.compare import first_divergence, summarize, time_engines

@@ -1,4 +1,5 @@
 """The head-agreement benchmark scores each response row against the target's own next token."""
+
 import torch
 
 from speclm.bench.head_agreement import first_draft_agreement
@@ -19,8 +20,13 @@ def _one_sequence(config, n=12, prompt_len=4):
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(config.vocab_size, (n,), generator=g)
     features = torch.randn(n, config.hidden_size, generator=g)
-    data = TargetData(tokens, features.bfloat16(), torch.tensor([0, n]), torch.tensor([prompt_len]),
-                      torch.zeros(config.vocab_size, dtype=torch.long))
+    data = TargetData(
+        tokens,
+        features.bfloat16(),
+        torch.tensor([0, n]),
+        torch.tensor([prompt_len]),
+        torch.zeros(config.vocab_size, dtype=torch.long),
+    )
     return data, features
 
 

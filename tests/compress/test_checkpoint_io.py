@@ -1,4 +1,5 @@
 """Outputs load where they claim to: float checkpoints in transformers and speclm, quantized ones in speclm."""
+
 import json
 
 import pytest
@@ -68,8 +69,14 @@ def test_quantized_checkpoint_records_its_scheme_and_loads_dequantized(stories, 
 
     checkpoint, tokenizer = stories
     result = quantize_model(rebuild(checkpoint), QuantizeOptions(method))
-    save_checkpoint(str(tmp_path), checkpoint.config, result.tensors, tokenizer, {"quantization": result.quantization_config},
-                    result.quantization_config)
+    save_checkpoint(
+        str(tmp_path),
+        checkpoint.config,
+        result.tensors,
+        tokenizer,
+        {"quantization": result.quantization_config},
+        result.quantization_config,
+    )
     config = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
     assert config["method"] == method and config["quant_method"] == "speclm"
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
@@ -96,9 +103,32 @@ def test_eval_ppl_json_and_quantize_cli_with_calibration(tmp_path, capsys):
     assert base["windows"] == 3 and base["tokens"] == 3 * 127 and base["seq_len"] == 128
     assert 5 < base["perplexity"] < 500
     out = str(tmp_path / "gptq")
-    assert main(["quantize", "--model", STORIES_MODEL, "--tokenizer", STORIES_TOKENIZER, "--method", "gptq-int4", "--out", out,
-                 "--calib-text", SPECBENCH, "--calib-exclude-categories", "summarization", "--calib-samples", "4",
-                 "--calib-seq-len", "128", "--seed", "1"]) == 0
+    assert (
+        main(
+            [
+                "quantize",
+                "--model",
+                STORIES_MODEL,
+                "--tokenizer",
+                STORIES_TOKENIZER,
+                "--method",
+                "gptq-int4",
+                "--out",
+                out,
+                "--calib-text",
+                SPECBENCH,
+                "--calib-exclude-categories",
+                "summarization",
+                "--calib-samples",
+                "4",
+                "--calib-seq-len",
+                "128",
+                "--seed",
+                "1",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["eval", "ppl", "--model", out, *text]) == 0
     quantized = json.loads(capsys.readouterr().out)
@@ -108,11 +138,40 @@ def test_eval_ppl_json_and_quantize_cli_with_calibration(tmp_path, capsys):
 
 
 def test_user_mistakes_are_one_line_errors(capsys):
-    assert main(["quantize", "--model", STORIES_MODEL, "--tokenizer", STORIES_TOKENIZER, "--method", "gptq-int4",
-                 "--out", "/tmp/never"]) == 2
+    assert (
+        main(
+            [
+                "quantize",
+                "--model",
+                STORIES_MODEL,
+                "--tokenizer",
+                STORIES_TOKENIZER,
+                "--method",
+                "gptq-int4",
+                "--out",
+                "/tmp/never",
+            ]
+        )
+        == 2
+    )
     assert "needs calibration text" in capsys.readouterr().err
-    assert main(["eval", "ppl", "--model", STORIES_MODEL, "--tokenizer", STORIES_TOKENIZER, "--text", SPECBENCH,
-                 "--categories", "nonexistent"]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "ppl",
+                "--model",
+                STORIES_MODEL,
+                "--tokenizer",
+                STORIES_TOKENIZER,
+                "--text",
+                SPECBENCH,
+                "--categories",
+                "nonexistent",
+            ]
+        )
+        == 2
+    )
     assert "no text selected" in capsys.readouterr().err
 
 

@@ -1,5 +1,6 @@
 """`speclm export gguf`: a compression output (or any model) becomes a GGUF that our loader and llama.cpp run
 with the source model's logits and greedy tokens."""
+
 import numpy as np
 import pytest
 import torch
@@ -20,8 +21,24 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 def gptq_dir(tmp_path_factory):
     """stories260K quantized to int4 (RTN, g64 so the 64-wide rows hold a group): a quantized compression output."""
     out = tmp_path_factory.mktemp("rtn") / "rtn-int4"
-    assert main(["quantize", "--model", STORIES_MODEL, "--tokenizer", STORIES_TOKENIZER, "--method", "rtn-int4",
-                 "--group-size", "64", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "quantize",
+                "--model",
+                STORIES_MODEL,
+                "--tokenizer",
+                STORIES_TOKENIZER,
+                "--method",
+                "rtn-int4",
+                "--group-size",
+                "64",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return str(out)
 
 
@@ -32,8 +49,23 @@ def exported(gptq_dir, tmp_path_factory):
     paths = {}
     for kind in ("f32", "f16", "q8_0"):
         paths[kind] = str(tmp_path_factory.mktemp("gguf") / f"stories-{kind}.gguf")
-        assert main(["export", "gguf", "--model", gptq_dir, "--tokenizer", STORIES_TOKENIZER,
-                     "--out", paths[kind], "--type", kind]) == 0
+        assert (
+            main(
+                [
+                    "export",
+                    "gguf",
+                    "--model",
+                    gptq_dir,
+                    "--tokenizer",
+                    STORIES_TOKENIZER,
+                    "--out",
+                    paths[kind],
+                    "--type",
+                    kind,
+                ]
+            )
+            == 0
+        )
     return paths
 
 
@@ -55,7 +87,7 @@ def test_exported_gguf_has_the_source_logits(gptq_dir, exported, kind, bound):
 def test_exported_tokenizer_round_trips(exported):
     _, original = load_with_tokenizer(STORIES_MODEL, STORIES_TOKENIZER)
     reloaded = LLM(exported["f32"]).tokenizer  # the tokenizer inside the GGUF
-    text = "Once upon a time, Lily saw a big dog. It was 3 o'clock!\n\"Hi,\" she said."
+    text = 'Once upon a time, Lily saw a big dog. It was 3 o\'clock!\n"Hi," she said.'
     assert reloaded.encode(text) == original.encode(text)
     assert reloaded.decode(original.encode(text)) == text
 

@@ -1,4 +1,5 @@
 """int8 KV-cache calibration: scales match the cache contents and the int8 round trip is accurate."""
+
 import json
 
 import torch
@@ -30,9 +31,31 @@ def test_kv_scales_are_the_cache_absmax_and_int8_round_trip_is_close(tmp_path):
     rel = (fake_quantize_kv(keys, scales[0, 0]) - keys).norm() / keys.norm()
     assert rel < 0.02
     out = str(tmp_path / "q")
-    assert main(["quantize", "--model", STORIES_MODEL, "--tokenizer", STORIES_TOKENIZER, "--method", "rtn-int8",
-                 "--kv-cache-int8", "--out", out, "--calib-text", SPECBENCH, "--calib-categories", "qa",
-                 "--calib-samples", "2", "--calib-seq-len", "64"]) == 0
+    assert (
+        main(
+            [
+                "quantize",
+                "--model",
+                STORIES_MODEL,
+                "--tokenizer",
+                STORIES_TOKENIZER,
+                "--method",
+                "rtn-int8",
+                "--kv-cache-int8",
+                "--out",
+                out,
+                "--calib-text",
+                SPECBENCH,
+                "--calib-categories",
+                "qa",
+                "--calib-samples",
+                "2",
+                "--calib-seq-len",
+                "64",
+            ]
+        )
+        == 0
+    )
     config = json.load(open(f"{out}/config.json"))["quantization_config"]
     assert config["kv_cache"]["dtype"] == "int8"
     from speclm.models.loader import load_checkpoint

@@ -1,4 +1,5 @@
 """Merging: self-merges are identities, TIES/DARE/SLERP properties, YAML configs and clear errors."""
+
 import math
 
 import pytest
@@ -17,14 +18,17 @@ GEN = torch.Generator().manual_seed(0)
 A, B, C = (torch.randn(6, 8, generator=GEN) for _ in range(3))
 
 
-@pytest.mark.parametrize("fn", [
-    lambda: merge.linear([A, A, A], [0.2, 0.3, 0.5]),
-    lambda: merge.task_arithmetic(A, [A, A], [1.0, 0.5]),
-    lambda: merge.ties(A, [A, A], [1.0, 1.0], density=0.5),
-    lambda: merge.dare(A, [A, A], [0.5, 0.5], 0.3, torch.Generator().manual_seed(1)),
-    lambda: merge.dare(A, [A, A], [0.5, 0.5], 0.3, torch.Generator().manual_seed(1), use_ties=True),
-    lambda: merge.slerp(A, A, 0.3),
-])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda: merge.linear([A, A, A], [0.2, 0.3, 0.5]),
+        lambda: merge.task_arithmetic(A, [A, A], [1.0, 0.5]),
+        lambda: merge.ties(A, [A, A], [1.0, 1.0], density=0.5),
+        lambda: merge.dare(A, [A, A], [0.5, 0.5], 0.3, torch.Generator().manual_seed(1)),
+        lambda: merge.dare(A, [A, A], [0.5, 0.5], 0.3, torch.Generator().manual_seed(1), use_ties=True),
+        lambda: merge.slerp(A, A, 0.3),
+    ],
+)
 def test_merging_a_tensor_with_itself_returns_it(fn):
     torch.testing.assert_close(fn(), A, rtol=1e-6, atol=1e-6)
 
@@ -76,12 +80,24 @@ def stories_dirs(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("method,params", [("linear", {}), ("ties", {"density": 0.5}), ("dare_ties", {"density": 0.5}),
-                                           ("slerp", {"t": 0.4}), ("task_arithmetic", {})])
+@pytest.mark.parametrize(
+    "method,params",
+    [
+        ("linear", {}),
+        ("ties", {"density": 0.5}),
+        ("dare_ties", {"density": 0.5}),
+        ("slerp", {"t": 0.4}),
+        ("task_arithmetic", {}),
+    ],
+)
 def test_merging_the_stories_model_with_itself_via_yaml_returns_it(stories_dirs, tmp_path, method, params):
     base = str(stories_dirs / "base")
-    config = {"merge_method": method, "base_model": base, "parameters": params,
-              "models": [{"model": base, "parameters": {"weight": 0.5}}, {"model": base, "parameters": {"weight": 0.5}}]}
+    config = {
+        "merge_method": method,
+        "base_model": base,
+        "parameters": params,
+        "models": [{"model": base, "parameters": {"weight": 0.5}}, {"model": base, "parameters": {"weight": 0.5}}],
+    }
     (tmp_path / "merge.yaml").write_text(yaml.safe_dump(config))
     assert main(["merge", "--config", str(tmp_path / "merge.yaml"), "--out", str(tmp_path / "out")]) == 0
     merged, original = load_checkpoint(str(tmp_path / "out")), load_checkpoint(base)
@@ -91,8 +107,16 @@ def test_merging_the_stories_model_with_itself_via_yaml_returns_it(stories_dirs,
 
 def test_yaml_merge_of_two_models_is_the_tensorwise_result(stories_dirs, tmp_path):
     base, tuned = str(stories_dirs / "base"), str(stories_dirs / "tuned")
-    (tmp_path / "m.yaml").write_text(yaml.safe_dump(
-        {"merge_method": "slerp", "base_model": base, "models": [{"model": base}, {"model": tuned}], "parameters": {"t": 0.25}}))
+    (tmp_path / "m.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "merge_method": "slerp",
+                "base_model": base,
+                "models": [{"model": base}, {"model": tuned}],
+                "parameters": {"t": 0.25},
+            }
+        )
+    )
     assert main(["merge", "--config", str(tmp_path / "m.yaml"), "--out", str(tmp_path / "out")]) == 0
     a, b, m = (load_checkpoint(p) for p in (base, tuned, str(tmp_path / "out")))
     name = "model.layers.0.mlp.down_proj.weight"
@@ -105,8 +129,14 @@ def test_incompatible_models_and_bad_configs_are_clear_errors(stories_dirs, tmp_
     config = checkpoint.config
     config.num_layers = 4
     save_checkpoint(str(tmp_path / "short"), config, smaller, tokenizer)
-    (tmp_path / "m.yaml").write_text(yaml.safe_dump(
-        {"merge_method": "linear", "models": [{"model": str(stories_dirs / "base")}, {"model": str(tmp_path / "short")}]}))
+    (tmp_path / "m.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "merge_method": "linear",
+                "models": [{"model": str(stories_dirs / "base")}, {"model": str(tmp_path / "short")}],
+            }
+        )
+    )
     assert main(["merge", "--config", str(tmp_path / "m.yaml"), "--out", str(tmp_path / "out")]) == 2
     assert "num_layers differs (4 vs 5)" in capsys.readouterr().err
     with pytest.raises(ValueError, match="merge_method 'frankenmerge'"):
@@ -114,4 +144,6 @@ def test_incompatible_models_and_bad_configs_are_clear_errors(stories_dirs, tmp_
     with pytest.raises(ValueError, match="ties needs base_model"):
         MergeConfig.from_dict({"merge_method": "ties", "models": ["a", "b"]})
     with pytest.raises(ValueError, match="density"):
-        MergeConfig.from_dict({"merge_method": "dare_linear", "base_model": "a", "models": ["b"], "parameters": {"density": 0}})
+        MergeConfig.from_dict(
+            {"merge_method": "dare_linear", "base_model": "a", "models": ["b"], "parameters": {"density": 0}}
+        )

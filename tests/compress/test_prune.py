@@ -1,5 +1,7 @@
 """Pruning masks, SparseGPT's reconstruction advantage, and a pruned real checkpoint that still generates."""
+
 import json
+
 import pytest
 import torch
 
@@ -20,7 +22,7 @@ def test_unstructured_mask_prunes_the_fraction_per_row():
     metric = torch.rand(8, 100, generator=torch.Generator().manual_seed(0))
     mask = lowest_mask(metric, PruneOptions("wanda", sparsity=0.3))
     assert mask.sum(dim=1).tolist() == [30] * 8
-    assert bool((metric[mask].max() <= metric[~mask].max()))
+    assert bool(metric[mask].max() <= metric[~mask].max())
 
 
 @pytest.mark.parametrize("n,m", [(0, 0), (2, 4)])
@@ -46,7 +48,9 @@ def test_bad_pruning_options_are_value_errors():
         PruneOptions("random")
 
 
-@pytest.mark.parametrize("args", [["--method", "wanda", "--pattern", "2:4"], ["--method", "sparsegpt", "--sparsity", "0.5"]])
+@pytest.mark.parametrize(
+    "args", [["--method", "wanda", "--pattern", "2:4"], ["--method", "sparsegpt", "--sparsity", "0.5"]]
+)
 def test_pruned_stories_checkpoint_has_the_sparsity_and_still_generates(tmp_path, capsys, args):
     from safetensors.torch import load_file
 
@@ -55,9 +59,24 @@ def test_pruned_stories_checkpoint_has_the_sparsity_and_still_generates(tmp_path
     out = tmp_path / "pruned"
     from speclm.cli import main
 
-    cmd = ["prune", "--model", STORIES_MODEL, "--tokenizer", STORIES_TOKENIZER, *args,
-           "--out", str(out), "--calib-text", SPECBENCH, "--calib-exclude-categories", "summarization",
-           "--calib-samples", "4", "--calib-seq-len", "128"]
+    cmd = [
+        "prune",
+        "--model",
+        STORIES_MODEL,
+        "--tokenizer",
+        STORIES_TOKENIZER,
+        *args,
+        "--out",
+        str(out),
+        "--calib-text",
+        SPECBENCH,
+        "--calib-exclude-categories",
+        "summarization",
+        "--calib-samples",
+        "4",
+        "--calib-seq-len",
+        "128",
+    ]
     assert main(cmd) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["sparsity"] == pytest.approx(0.5, abs=1e-6)
     tensors = load_file(str(out / "model.safetensors"))

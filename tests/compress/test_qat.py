@@ -1,4 +1,5 @@
 """QAT: gradients flow through the straight-through estimator and the quantized result fits the data better."""
+
 import torch
 
 from speclm.compress.data import calibration_windows, read_texts, tokenize_stream

@@ -1,4 +1,5 @@
 """RTN error bounds, storage round trips, and GPTQ/AWQ/SmoothQuant against their defining properties."""
+
 import pytest
 import torch
 
@@ -6,12 +7,12 @@ from speclm.compress.awq import awq_scale_layer, output_mse
 from speclm.compress.calibration import hessian
 from speclm.compress.gptq import gptq
 from speclm.compress.qformat import fp8_quantize
-from speclm.models.qformat import pack, unpack
 from speclm.compress.rtn import QuantScheme, expand, rtn
 from speclm.compress.smoothquant import fake_quantize_per_token, smooth_layer, smooth_scale
-from speclm.models.config import ModelConfig
 from speclm.models.attention import AttentionMetadata
+from speclm.models.config import ModelConfig
 from speclm.models.layers import DecoderLayer
+from speclm.models.qformat import pack, unpack
 from speclm.models.rope import RotaryEmbedding
 
 
@@ -26,7 +27,11 @@ def test_rtn_round_trip_error_is_at_most_half_a_step(bits, group, sym):
     assert bool((err <= step / 2 + 1e-6).all())
     # and the step is what the range implies: (max - min) / (2^b - 1) asymmetric, absmax / (2^(b-1) - 1) symmetric
     g = w[:, : (group or 96)]
-    expected = g.abs().amax(1) / (2 ** (bits - 1) - 1) if sym else (g.amax(1).clamp(min=0) - g.amin(1).clamp(max=0)) / (2**bits - 1)
+    expected = (
+        g.abs().amax(1) / (2 ** (bits - 1) - 1)
+        if sym
+        else (g.amax(1).clamp(min=0) - g.amin(1).clamp(max=0)) / (2**bits - 1)
+    )
     torch.testing.assert_close(qw.scale[:, 0], expected)
 
 
@@ -54,11 +59,20 @@ def test_fp8_round_trip_relative_error(fmt, max_rel):
 
 def correlated_inputs(n=2048, cin=128, rank=16, seed=0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, rank, generator=g) @ torch.randn(rank, cin, generator=g) + 0.1 * torch.randn(n, cin, generator=g)
+    return torch.randn(n, rank, generator=g) @ torch.randn(rank, cin, generator=g) + 0.1 * torch.randn(
+        n, cin, generator=g
+    )
 
 
-@pytest.mark.parametrize("scheme,act_order", [(QuantScheme(4, 0, True), False), (QuantScheme(4, 32, False), False),
-                                              (QuantScheme(4, 32, False), True), (QuantScheme(3, 32, False), False)])
+@pytest.mark.parametrize(
+    "scheme,act_order",
+    [
+        (QuantScheme(4, 0, True), False),
+        (QuantScheme(4, 32, False), False),
+        (QuantScheme(4, 32, False), True),
+        (QuantScheme(3, 32, False), False),
+    ],
+)
 def test_gptq_beats_rtn_on_layer_reconstruction_with_correlated_inputs(scheme, act_order):
     x = correlated_inputs()
     w = torch.randn(64, 128, generator=torch.Generator().manual_seed(2))
@@ -113,8 +127,15 @@ def test_awq_loss_from_the_gram_matrix_equals_the_direct_output_error():
 
 
 def tiny_layer(num_kv_heads: int) -> tuple[ModelConfig, DecoderLayer]:
-    config = ModelConfig("llama", vocab_size=32, hidden_size=64, intermediate_size=96, num_layers=1, num_heads=4,
-                         num_kv_heads=num_kv_heads)
+    config = ModelConfig(
+        "llama",
+        vocab_size=32,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=num_kv_heads,
+    )
     torch.manual_seed(0)
     layer = DecoderLayer(config)
     with torch.no_grad():
@@ -133,8 +154,10 @@ def run_layer(config, layer, x):
 
 def capture(layer, config, x):
     captured = {}
-    handles = [layer.get_submodule(n).register_forward_pre_hook(lambda _m, a, n=n: captured.__setitem__(n, a[0].clone()))
-               for n in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")]
+    handles = [
+        layer.get_submodule(n).register_forward_pre_hook(lambda _m, a, n=n: captured.__setitem__(n, a[0].clone()))
+        for n in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+    ]
     run_layer(config, layer, x)
     for h in handles:
         h.remove()

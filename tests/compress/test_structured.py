@@ -1,4 +1,5 @@
 """Structured pruning shrinks the tensors and equals masking the removed units in the original model."""
+
 import pytest
 import torch
 
@@ -27,15 +28,19 @@ def test_mlp_channel_pruning_equals_zeroing_those_channels(stories):
         drop = sorted(set(range(172)) - set(keep))
         masked[p + "down_proj.weight"][:, drop] = 0
     reference = type(stories)(stories.config, masked, stories.source)
-    torch.testing.assert_close(logits_of(rebuild(pruned), PROMPT_IDS), logits_of(rebuild(reference), PROMPT_IDS),
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        logits_of(rebuild(pruned), PROMPT_IDS), logits_of(rebuild(reference), PROMPT_IDS), rtol=1e-4, atol=1e-4
+    )
 
 
 def test_attention_group_pruning_equals_zeroing_those_heads(stories):
     c = stories.config
     pruned = prune_structured(stories, rebuild(stories), "attention-heads", 0.5)
     assert (pruned.config.num_heads, pruned.config.num_kv_heads) == (c.num_heads // 2, c.num_kv_heads // 2)
-    assert pruned.tensors["model.layers.0.self_attn.k_proj.weight"].shape == (c.num_kv_heads // 2 * c.head_dim, c.hidden_size)
+    assert pruned.tensors["model.layers.0.self_attn.k_proj.weight"].shape == (
+        c.num_kv_heads // 2 * c.head_dim,
+        c.hidden_size,
+    )
     masked = {k: v.clone() for k, v in stories.tensors.items()}
     for i in range(c.num_layers):
         p = f"model.layers.{i}.self_attn."
@@ -43,8 +48,9 @@ def test_attention_group_pruning_equals_zeroing_those_heads(stories):
         drop = sorted(set(range(c.num_heads * c.head_dim)) - set(keep))
         masked[p + "o_proj.weight"][:, drop] = 0  # a removed head contributes nothing
     reference = type(stories)(c, masked, stories.source)
-    torch.testing.assert_close(logits_of(rebuild(pruned), PROMPT_IDS), logits_of(rebuild(reference), PROMPT_IDS),
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        logits_of(rebuild(pruned), PROMPT_IDS), logits_of(rebuild(reference), PROMPT_IDS), rtol=1e-4, atol=1e-4
+    )
 
 
 def test_structured_output_loads_in_transformers(stories, tmp_path):

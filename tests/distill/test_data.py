@@ -1,4 +1,5 @@
 """Target data: the benchmark split, caching, and what gets recorded."""
+
 import json
 
 import pytest
@@ -6,7 +7,6 @@ import torch
 
 import speclm.distill.data as data_module
 from speclm import SamplingParams
-
 from speclm.data import load_prompts
 from speclm.distill.data import DataSettings, frequent_tokens, load_or_build, target_features
 from speclm.distill.prompts import BENCHMARK_PER_CATEGORY, OWN_PROMPTS, split_specbench, training_prompts
@@ -45,8 +45,10 @@ def test_target_data_is_cached_and_consistent(stories_llm, tmp_path, monkeypatch
     assert tokens[prompt_len:].tolist() == plain.token_ids
     expect = target_features(stories_llm.model, tokens.tolist())
     torch.testing.assert_close(features, expect.to(torch.bfloat16).float())
-    assert int(data.token_counts.sum()) == sum(int(data.offsets[i + 1] - data.offsets[i]) - int(data.prompt_lengths[i])
-                                               for i in range(2))
+    assert int(data.token_counts.sum()) == sum(
+        int(data.offsets[i + 1] - data.offsets[i]) - int(data.prompt_lengths[i]) for i in range(2)
+    )
+
     # a second call reads the file instead of generating; other settings miss the cache
     def no_build(*args):
         raise AssertionError("rebuilt instead of reusing the cache")

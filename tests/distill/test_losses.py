@@ -9,13 +9,20 @@ Teacher logits [0, 0] give p = [1/2, 1/2]; student logits [ln 3, 0] give q = [3/
   JSD(1/2) = (0.0322692564 + 0.0353748890) / 2    = 0.0338220727
   CE(q, label 0) = -ln(3/4)                       = 0.2876820725
 """
+
 import math
 
 import pytest
 import torch
 
 from speclm.distill.losses import (
-    FeatureDistillation, distillation_loss, forward_kl, generalized_jsd, hard_ce, layer_map, reverse_kl,
+    FeatureDistillation,
+    distillation_loss,
+    forward_kl,
+    generalized_jsd,
+    hard_ce,
+    layer_map,
+    reverse_kl,
 )
 
 P = torch.tensor([[0.0, 0.0]])
@@ -30,7 +37,8 @@ def test_forward_and_reverse_kl():
 def test_temperature_softens_and_scales_by_t_squared():
     # at T = 2 the student logits [2 ln 3, 0] soften to q = [3/4, 1/4] again: 4 * 0.1438410362
     assert forward_kl(torch.tensor([[2 * math.log(3.0), 0.0]]), P, temperature=2.0).item() == pytest.approx(
-        0.5753641449, abs=1e-6)
+        0.5753641449, abs=1e-6
+    )
 
 
 def test_generalized_jsd_and_its_limits():
@@ -59,7 +67,9 @@ def test_hard_ce_and_alpha_mix():
 def test_mask_averages_only_kept_positions():
     student = torch.tensor([[math.log(3.0), 0.0], [5.0, -5.0]])  # the second row is far off but masked
     teacher = torch.tensor([[0.0, 0.0], [0.0, 0.0]])
-    assert forward_kl(student, teacher, mask=torch.tensor([True, False])).item() == pytest.approx(0.1438410362, abs=1e-7)
+    assert forward_kl(student, teacher, mask=torch.tensor([True, False])).item() == pytest.approx(
+        0.1438410362, abs=1e-7
+    )
     equal = torch.tensor([[math.log(3.0), 0.0], [0.0, 0.0]])  # second row: KL 0, so the unmasked mean halves
     assert forward_kl(equal, teacher).item() == pytest.approx(0.1438410362 / 2, abs=1e-7)
 

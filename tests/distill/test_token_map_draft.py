@@ -1,4 +1,5 @@
 """A draft whose head covers only a token subset (speclm_token_map.json) keeps speculation exact."""
+
 import json
 import os
 
@@ -6,8 +7,8 @@ import pytest
 import torch
 
 from speclm import SamplingParams
-from speclm.speculative.draft_model import TOKEN_MAP_FILE, DraftModelProposer, load_token_map
 from speclm.models import load_checkpoint
+from speclm.speculative.draft_model import TOKEN_MAP_FILE, DraftModelProposer, load_token_map
 from tests.conftest import STORIES_MODEL
 from tests.speculative.conftest import write_hf_dir
 from tests.speculative.test_exactness import ALPHA, exact_two_token_distribution, g_test_pvalue, sample_two_tokens

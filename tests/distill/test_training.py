@@ -1,5 +1,6 @@
 """Training smoke tests on stories260K: each objective lowers its loss, resuming is exact, and a
 saved draft loads in transformers with the same logits."""
+
 import os
 
 import pytest
@@ -17,8 +18,16 @@ DATA = DataSettings(max_new_tokens=24, chat=False, batch_size=16)
 
 def options(tmp_path, student, **kw):
     train = TrainConfig(**({"steps": 12, "lr": 3e-3, "warmup_steps": 2, "checkpoint_every": 0} | kw.pop("train", {})))
-    return DistillOptions(student, str(tmp_path / student), weights="fp32", data_dir=str(tmp_path.parent / "data"),
-                          data=DATA, batch_size=2, train=train, **kw)
+    return DistillOptions(
+        student,
+        str(tmp_path / student),
+        weights="fp32",
+        data_dir=str(tmp_path.parent / "data"),
+        data=DATA,
+        batch_size=2,
+        train=train,
+        **kw,
+    )
 
 
 def held_out_loss(objective) -> float:
@@ -26,12 +35,15 @@ def held_out_loss(objective) -> float:
         return sum(float(objective.loss(step_generator(12345, i))[0]) for i in range(3)) / 3
 
 
-@pytest.mark.parametrize("student,kw", [
-    ("draft", {"num_layers": 2, "token_map_size": 300, "alpha": 0.2}),
-    ("draft", {"num_layers": 1, "divergence": "jsd", "on_policy": 0.5, "feature_weight": 0.1}),
-    ("medusa", {"medusa_heads": 2}),
-    ("eagle", {"unroll": 2, "token_map_size": 300}),
-])
+@pytest.mark.parametrize(
+    "student,kw",
+    [
+        ("draft", {"num_layers": 2, "token_map_size": 300, "alpha": 0.2}),
+        ("draft", {"num_layers": 1, "divergence": "jsd", "on_policy": 0.5, "feature_weight": 0.1}),
+        ("medusa", {"medusa_heads": 2}),
+        ("eagle", {"unroll": 2, "token_map_size": 300}),
+    ],
+)
 def test_training_lowers_the_loss(stories_llm, tmp_path, student, kw):
     opts = options(tmp_path, student, **kw)
     prepared = prepare(opts, stories_llm)
@@ -55,9 +67,13 @@ def test_resume_gives_the_same_state_as_an_uninterrupted_run(stories_llm, tmp_pa
 
     straight, resumed = trained(tmp_path / "a", False), trained(tmp_path / "b", True)
     assert resumed.losses == straight.losses and resumed.step == 6
-    for (name, a), (_, b) in zip(straight.objective.module.state_dict().items(), resumed.objective.module.state_dict().items()):
+    for (name, a), (_, b) in zip(
+        straight.objective.module.state_dict().items(), resumed.objective.module.state_dict().items()
+    ):
         assert torch.equal(a, b), name
-    assert straight.optimizer.state_dict()["state"][0]["exp_avg"].equal(resumed.optimizer.state_dict()["state"][0]["exp_avg"])
+    assert straight.optimizer.state_dict()["state"][0]["exp_avg"].equal(
+        resumed.optimizer.state_dict()["state"][0]["exp_avg"]
+    )
 
 
 def test_lr_schedule():
@@ -80,8 +96,12 @@ def test_saved_draft_loads_in_speclm_and_transformers_with_equal_logits(stories_
     ids = stories_llm.tokenizer.encode("Once upon a time, there was a little")
     ours = LLM(opts.out, tokenizer=STORIES_TOKENIZER)
     n = len(ids)
-    hidden = ours.model(torch.tensor(ids), torch.arange(n), ours.model.new_cache(n),
-                        __import__("speclm.models.attention", fromlist=["AttentionMetadata"]).AttentionMetadata(0, n))
+    hidden = ours.model(
+        torch.tensor(ids),
+        torch.arange(n),
+        ours.model.new_cache(n),
+        __import__("speclm.models.attention", fromlist=["AttentionMetadata"]).AttentionMetadata(0, n),
+    )
     theirs = AutoModelForCausalLM.from_pretrained(opts.out, torch_dtype=torch.float32).eval()
     with torch.no_grad():
         expected = theirs(torch.tensor([ids])).logits[0]
@@ -89,8 +109,12 @@ def test_saved_draft_loads_in_speclm_and_transformers_with_equal_logits(stories_
     # the distilled draft is a working proposer: speculative greedy still equals plain greedy
     spec = stories_llm.with_spec(f"draft:{opts.out}", num_speculative_tokens=3, adaptive=False)
     from speclm import SamplingParams
+
     params = SamplingParams(max_tokens=32)
-    assert spec.generate("Once upon a time", params)[0].token_ids == stories_llm.generate("Once upon a time", params)[0].token_ids
+    assert (
+        spec.generate("Once upon a time", params)[0].token_ids
+        == stories_llm.generate("Once upon a time", params)[0].token_ids
+    )
 
 
 def test_training_forward_matches_inference_and_backprops(stories_llm):

@@ -1,5 +1,6 @@
 """Held-out validation for drafter training: the split is disjoint and seeded, and the trainer ends
 with (and run_distill saves) the state that scored best on the held-out sequences."""
+
 import pytest
 import torch
 from torch import nn
@@ -25,8 +26,13 @@ def test_split_is_disjoint_covering_and_seeded():
 def test_subset_keeps_whole_sequences():
     lengths, hidden = [3, 5, 2, 4], 6
     offsets = torch.tensor([0, 3, 8, 10, 14])
-    data = TargetData(torch.arange(14), torch.randn(14, hidden).bfloat16(), offsets, torch.tensor([1, 2, 1, 3]),
-                      torch.ones(20, dtype=torch.long))
+    data = TargetData(
+        torch.arange(14),
+        torch.randn(14, hidden).bfloat16(),
+        offsets,
+        torch.tensor([1, 2, 1, 3]),
+        torch.ones(20, dtype=torch.long),
+    )
     part = data.subset([1, 3])
     assert len(part) == 2 and part.offsets.tolist() == [0, lengths[1], lengths[1] + lengths[3]]
     for j, i in enumerate([1, 3]):
@@ -62,9 +68,17 @@ def test_trainer_ends_with_the_best_validated_state(tmp_path):
 
 def test_eagle_run_saves_the_best_held_out_head(stories_llm, tmp_path):
     train = TrainConfig(steps=6, lr=3e-3, warmup_steps=2, checkpoint_every=0, eval_every=2)
-    opts = DistillOptions("eagle", str(tmp_path / "eagle"), weights="fp32", data_dir=str(tmp_path.parent / "data"),
-                          data=DataSettings(max_new_tokens=24, chat=False, batch_size=16), batch_size=2,
-                          token_map_size=300, val_fraction=0.1, train=train)
+    opts = DistillOptions(
+        "eagle",
+        str(tmp_path / "eagle"),
+        weights="fp32",
+        data_dir=str(tmp_path.parent / "data"),
+        data=DataSettings(max_new_tokens=24, chat=False, batch_size=16),
+        batch_size=2,
+        token_map_size=300,
+        val_fraction=0.1,
+        train=train,
+    )
     summary = run_distill(opts, stories_llm)
     evals = dict(summary["val_agree"])
     assert list(evals) == [2, 4, 6] and evals[summary["best_step"]] == summary["best_val_agree"] == max(evals.values())

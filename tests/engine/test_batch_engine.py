@@ -1,7 +1,7 @@
 """BatchEngine: batched greedy output equals the single-request engine's, under preemption, prefix
 caching, copy-on-write forks (n > 1) and aborts; blocks always return to the pool."""
+
 import pytest
-import torch
 
 from speclm import SamplingParams
 from speclm.config import CacheConfig
@@ -9,8 +9,13 @@ from speclm.engine.engine import Engine
 from speclm.engine.request import Request
 from tests.helpers import generate_one
 
-PROMPTS = ["", "Once upon a time", "Tom had a dog", "The sun was hot and the",
-           "Lily and Ben went to the park. They saw a big"]
+PROMPTS = [
+    "",
+    "Once upon a time",
+    "Tom had a dog",
+    "The sun was hot and the",
+    "Lily and Ben went to the park. They saw a big",
+]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -21,14 +26,19 @@ def make_engine(llm, **config) -> Engine:
 
 
 def mixed_requests(llm, count=10):
-    return [Request(f"r{i}", llm.encode(PROMPTS[i % len(PROMPTS)]), SamplingParams(max_tokens=10 + 9 * i))
-            for i in range(count)]
+    return [
+        Request(f"r{i}", llm.encode(PROMPTS[i % len(PROMPTS)]), SamplingParams(max_tokens=10 + 9 * i))
+        for i in range(count)
+    ]
 
 
-@pytest.mark.parametrize("config", [
-    {},  # everything fits: one prefill step, then batched decode
-    {"num_blocks": 40, "block_size": 4, "max_num_batched_tokens": 16},  # chunked prefill, preemption
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},  # everything fits: one prefill step, then batched decode
+        {"num_blocks": 40, "block_size": 4, "max_num_batched_tokens": 16},  # chunked prefill, preemption
+    ],
+)
 def test_batched_greedy_equals_single_request_engine(stories_llm, config):
     requests = mixed_requests(stories_llm)
     expected = [generate_one(stories_llm.engine, r).token_ids for r in requests]
@@ -102,7 +112,9 @@ def test_bad_requests_raise_value_error(stories_llm):
 @pytest.mark.slow
 def test_default_model_batched_greedy_equals_single(default_llm):
     prompts = ["The capital of France is", "def fibonacci(n):", "Write a haiku about the sea.", "1, 2, 3, 4,"]
-    requests = [Request(str(i), default_llm.encode(p), SamplingParams(max_tokens=6 + 2 * i)) for i, p in enumerate(prompts)]
+    requests = [
+        Request(str(i), default_llm.encode(p), SamplingParams(max_tokens=6 + 2 * i)) for i, p in enumerate(prompts)
+    ]
     expected = [generate_one(default_llm.engine, r).token_ids for r in requests]
     outputs = make_engine(default_llm, kv_cache_mb=64).generate(requests)
     assert [o[0].token_ids for o in outputs] == expected
@@ -115,8 +127,14 @@ def test_speculation_inside_the_batch_is_lossless(stories_llm, spec):
     requests = mixed_requests(stories_llm, 8)
     expected = [generate_one(stories_llm.engine, r).token_ids for r in requests]
     for config in ({}, {"num_blocks": 48, "block_size": 4, "max_num_batched_tokens": 16}):
-        engine = Engine(stories_llm.runner, stories_llm.tokenizer, CacheConfig(**config),
-                             SpecConfig.parse(spec), stories_llm.proposers, spec_max_batch=4)
+        engine = Engine(
+            stories_llm.runner,
+            stories_llm.tokenizer,
+            CacheConfig(**config),
+            SpecConfig.parse(spec),
+            stories_llm.proposers,
+            spec_max_batch=4,
+        )
         outputs = [o[0] for o in engine.generate(requests)]
         assert [o.token_ids for o in outputs] == expected
         assert sum(o.stats.accepted_tokens for o in outputs) > 0  # drafts really were verified and kept
@@ -127,8 +145,14 @@ def test_speculation_switches_off_in_big_batches_and_per_request(stories_llm):
     from speclm.config import SpecConfig
 
     requests = mixed_requests(stories_llm, 6)
-    engine = Engine(stories_llm.runner, stories_llm.tokenizer, CacheConfig(),
-                         SpecConfig.parse("ngram"), stories_llm.proposers, spec_max_batch=5)
+    engine = Engine(
+        stories_llm.runner,
+        stories_llm.tokenizer,
+        CacheConfig(),
+        SpecConfig.parse("ngram"),
+        stories_llm.proposers,
+        spec_max_batch=5,
+    )
     for r in requests[:5]:
         engine.add_request(r)
     engine.add_request(requests[5], spec=None)  # this one decodes plainly
@@ -149,8 +173,13 @@ def test_sampled_speculation_in_batch_is_reproducible_with_fixed_k(stories_llm):
     params = SamplingParams(temperature=0.8, seed=3, max_tokens=30)
 
     def run():
-        engine = Engine(stories_llm.runner, stories_llm.tokenizer, CacheConfig(),
-                             SpecConfig.parse("layerskip:3", 3, adaptive=False), stories_llm.proposers)
+        engine = Engine(
+            stories_llm.runner,
+            stories_llm.tokenizer,
+            CacheConfig(),
+            SpecConfig.parse("layerskip:3", 3, adaptive=False),
+            stories_llm.proposers,
+        )
         return [o.token_ids for o in engine.generate([Request("s", prompt, params)], n=2)[0]]
 
     first = run()
@@ -167,18 +196,20 @@ def test_int4_batch_is_exact_speculative_and_equals_single_request_engine():
     decode row (then speculative output left plain output on 2 of these 10 prompts, and the batch
     left the single-request engine on 8, some from the first token)."""
     from speclm import LLM
-    from speclm.data import load_prompts
     from speclm.config import SpecConfig
+    from speclm.data import load_prompts
     from tests.conftest import SPECBENCH
 
     llm = LLM(weights="int4")
-    prompts = [llm.tokenizer.encode_chat([{"role": "user", "content": p["text"]}])[-400:]
-               for p in load_prompts(SPECBENCH, 1)[:10]]
+    prompts = [
+        llm.tokenizer.encode_chat([{"role": "user", "content": p["text"]}])[-400:]
+        for p in load_prompts(SPECBENCH, 1)[:10]
+    ]
     params = SamplingParams(max_tokens=48, ignore_eos=True)
     requests = [Request(str(i), p, params) for i, p in enumerate(prompts)]
     runner = llm.runner
 
-    def batched(spec, cache_config=CacheConfig()):
+    def batched(spec, cache_config=None):
         engine = Engine(runner, llm.tokenizer, cache_config, spec, llm.proposers if spec else None)
         return [o[0].token_ids for o in engine.generate(requests)]
 

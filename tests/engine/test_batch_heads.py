@@ -1,6 +1,7 @@
 """BatchEngine with feature proposers and token trees: Medusa / EAGLE chains and trees and an oracle
 tree proposer, several concurrent requests of different lengths (also under chunked prefill and
 preemption), give plain greedy output token for token; proposers get the target's own features."""
+
 import os
 
 import pytest
@@ -11,11 +12,16 @@ from speclm.config import CacheConfig, SpecConfig
 from speclm.engine.engine import Engine
 from speclm.engine.request import Request
 from tests.conftest import STORIES_MODEL, STORIES_TOKENIZER
-from tests.speculative.tree_proposers import OracleTreeProposer, write_perturbed_heads
 from tests.helpers import ContiguousPass, generate_one
+from tests.speculative.tree_proposers import OracleTreeProposer, write_perturbed_heads
 
-PROMPTS = ["", "Once upon a time", "Tom had a dog", "The sun was hot and the",
-           "Lily and Ben went to the park. They saw a big"]
+PROMPTS = [
+    "",
+    "Once upon a time",
+    "Tom had a dog",
+    "The sun was hot and the",
+    "Lily and Ben went to the park. They saw a big",
+]
 CONFIGS = [{}, {"num_blocks": 30, "block_size": 4, "max_num_batched_tokens": 16}]  # the second preempts
 
 DRAFTERS = os.path.join(os.path.dirname(__file__), "..", "..", "drafters")
@@ -24,9 +30,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def requests_of(llm, count=8):
-    return [Request(f"r{i}", llm.encode(PROMPTS[i % len(PROMPTS)]), SamplingParams(max_tokens=10 + 9 * i,
-                                                                                    ignore_eos=True))
-            for i in range(count)]
+    return [
+        Request(f"r{i}", llm.encode(PROMPTS[i % len(PROMPTS)]), SamplingParams(max_tokens=10 + 9 * i, ignore_eos=True))
+        for i in range(count)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +41,12 @@ def head_dirs(stories_llm, tmp_path_factory):
     return write_perturbed_heads(stories_llm.model.config, tmp_path_factory.mktemp("batch_heads"))
 
 
-HEAD_SPECS = ["medusa:{medusa},width=1", "eagle:{eagle},topk=1",  # chains
-              "medusa:{medusa},width=3", "eagle:{eagle},topk=3,beam=2,depth=4"]  # trees
+HEAD_SPECS = [
+    "medusa:{medusa},width=1",
+    "eagle:{eagle},topk=1",  # chains
+    "medusa:{medusa},width=3",
+    "eagle:{eagle},topk=3,beam=2,depth=4",
+]  # trees
 
 
 @pytest.mark.parametrize("spec", HEAD_SPECS)
@@ -45,8 +56,14 @@ def test_batched_head_speculation_equals_plain_greedy(stories_llm, head_dirs, sp
     requests = requests_of(stories_llm)
     expected = [generate_one(stories_llm.engine, r).token_ids for r in requests]
     for config in CONFIGS:
-        engine = Engine(stories_llm.runner, stories_llm.tokenizer, CacheConfig(**config),
-                             SpecConfig.parse(spec, 5, adaptive=False), stories_llm.proposers, spec_max_batch=8)
+        engine = Engine(
+            stories_llm.runner,
+            stories_llm.tokenizer,
+            CacheConfig(**config),
+            SpecConfig.parse(spec, 5, adaptive=False),
+            stories_llm.proposers,
+            spec_max_batch=8,
+        )
         outputs = [o[0] for o in engine.generate(requests)]
         assert [o.token_ids for o in outputs] == expected, config
         assert engine.block_manager.num_used_blocks == 0
@@ -59,8 +76,9 @@ def test_forks_of_a_chunked_prefill_get_every_prompt_feature(stories_llm, head_d
     request = requests_of(stories_llm, 5)[4]
     expected = generate_one(stories_llm.engine, request).token_ids
     spec = SpecConfig.parse(f"eagle:{head_dirs['eagle']}", 4, adaptive=False)
-    engine = Engine(stories_llm.runner, stories_llm.tokenizer, CacheConfig(max_num_batched_tokens=4),
-                         spec, stories_llm.proposers)
+    engine = Engine(
+        stories_llm.runner, stories_llm.tokenizer, CacheConfig(max_num_batched_tokens=4), spec, stories_llm.proposers
+    )
     outputs = engine.generate([request], n=3)[0]
     assert [o.token_ids for o in outputs] == [expected] * 3
     assert all(o.stats.drafted_tokens > 0 for o in outputs)
@@ -73,8 +91,13 @@ def test_prefix_cache_reuse_by_feature_sequences(stories_llm, head_dirs, method)
     Both stay exact."""
     request = requests_of(stories_llm, 5)[4]
     expected = generate_one(stories_llm.engine, request).token_ids
-    engine = Engine(stories_llm.runner, stories_llm.tokenizer, CacheConfig(block_size=4),
-                         SpecConfig.parse(f"{method}:{head_dirs[method]}", 4), stories_llm.proposers)
+    engine = Engine(
+        stories_llm.runner,
+        stories_llm.tokenizer,
+        CacheConfig(block_size=4),
+        SpecConfig.parse(f"{method}:{head_dirs[method]}", 4),
+        stories_llm.proposers,
+    )
     for i in range(2):
         engine.add_request(Request(f"heads{i}", request.prompt_ids, request.params))
         while engine.has_unfinished():
@@ -95,8 +118,7 @@ def test_sampled_head_speculation_in_batch_runs_and_is_reproducible(stories_llm,
     params = SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=30)
 
     def run():
-        engine = Engine(stories_llm.runner, stories_llm.tokenizer, CacheConfig(), spec,
-                             stories_llm.proposers)
+        engine = Engine(stories_llm.runner, stories_llm.tokenizer, CacheConfig(), spec, stories_llm.proposers)
         outputs = engine.generate([Request("s", stories_llm.encode("Tom had a dog"), params)], n=2)[0]
         assert all(o.stats.drafted_tokens > 0 for o in outputs)
         return [o.token_ids for o in outputs]
@@ -141,10 +163,10 @@ def test_batched_tree_verification_finds_deep_paths_and_is_exact(llm, k):
         references[tuple(r.prompt_ids)] = r.prompt_ids + e
     runner = llm.runner
     for config in CONFIGS:
-        proposers = []
+        proposers, seeds = [], iter(range(1000))
 
-        def make(spec, seed=iter(range(1000))):
-            proposers.append(OracleFeatureProposer(references, llm.model.config.vocab_size, 100 * k + next(seed)))
+        def make(spec):
+            proposers.append(OracleFeatureProposer(references, llm.model.config.vocab_size, 100 * k + next(seeds)))
             return proposers[-1]
 
         fixed_k = SpecConfig("ngram", None, k, adaptive=False)  # only K matters: `make` builds the proposers
@@ -167,10 +189,14 @@ def test_batched_tree_verification_finds_deep_paths_and_is_exact(llm, k):
                 assert float(error.max()) < 0.02
 
 
-@pytest.mark.parametrize("config", [
-    {"kv_cache_dtype": "int8"},
-    {"block_size": 8, "num_blocks": 64, "streaming_window": 32, "attention_sinks": 8},
-], ids=["int8-cache", "streaming-window"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"kv_cache_dtype": "int8"},
+        {"block_size": 8, "num_blocks": 64, "streaming_window": 32, "attention_sinks": 8},
+    ],
+    ids=["int8-cache", "streaming-window"],
+)
 def test_batched_trees_match_plain_batched_decoding(stories_llm, config):
     """With an int8 KV cache or a StreamingLLM window the output differs from the single engine's, but
     tree speculation must still reproduce the batched engine's own plain greedy output (moved path
@@ -201,12 +227,23 @@ def test_default_model_batched_trained_heads_equal_plain_greedy(default_llm):
     """SmolLM2 (fp32) with the committed Medusa and EAGLE drafters (default options: trees), four
     concurrent chat requests of different lengths: plain greedy output, and drafts really accepted."""
     prompts = ["The capital of France is", "def fibonacci(n):", "Write a haiku about the sea.", "1, 2, 3, 4,"]
-    requests = [Request(str(i), default_llm.tokenizer.encode_chat([{"role": "user", "content": p}]),
-                        SamplingParams(max_tokens=12 + 4 * i, ignore_eos=True)) for i, p in enumerate(prompts)]
+    requests = [
+        Request(
+            str(i),
+            default_llm.tokenizer.encode_chat([{"role": "user", "content": p}]),
+            SamplingParams(max_tokens=12 + 4 * i, ignore_eos=True),
+        )
+        for i, p in enumerate(prompts)
+    ]
     expected = [generate_one(default_llm.engine, r).token_ids for r in requests]
     for spec in (f"medusa:{DRAFTERS}/medusa-smollm2-135m", f"eagle:{DRAFTERS}/eagle-smollm2-135m"):
-        engine = Engine(default_llm.runner, default_llm.tokenizer, CacheConfig(kv_cache_mb=64),
-                             SpecConfig.parse(spec, 4, adaptive=False), default_llm.proposers)
+        engine = Engine(
+            default_llm.runner,
+            default_llm.tokenizer,
+            CacheConfig(kv_cache_mb=64),
+            SpecConfig.parse(spec, 4, adaptive=False),
+            default_llm.proposers,
+        )
         outputs = [o[0] for o in engine.generate(requests)]
         assert [o.token_ids for o in outputs] == expected, spec
         assert sum(o.stats.accepted_tokens for o in outputs) > 0

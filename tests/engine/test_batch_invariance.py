@@ -1,6 +1,7 @@
 """Batch invariance: a request's greedy tokens do not depend on what else runs. Many requests at once
 (prompts chunked at other boundaries, prefix-cache hits, preemption by recompute, an int8 KV cache)
 give exactly the tokens each request gets alone in a fresh engine."""
+
 import pytest
 
 from speclm import SamplingParams
@@ -10,9 +11,10 @@ from speclm.engine.request import Request
 
 STORY = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
 # Shared prefixes of different lengths (prefix-cache hits at several block boundaries) and unrelated prompts.
-PROMPTS = [STORY * (1 + i % 3) + tail for i, tail in enumerate(
-    ["Tom", "One day", "The sun", "Her mom said", "A big dog", "They went", "Sam", "The bird"])] + [
-    "Tom had a dog", "The sun was hot and the", "Lily and Ben went to the park. They saw a big", "Sam liked to eat"]
+PROMPTS = [
+    STORY * (1 + i % 3) + tail
+    for i, tail in enumerate(["Tom", "One day", "The sun", "Her mom said", "A big dog", "They went", "Sam", "The bird"])
+] + ["Tom had a dog", "The sun was hot and the", "Lily and Ben went to the park. They saw a big", "Sam liked to eat"]
 
 LOADS = {
     "chunked-prefill": {"max_num_batched_tokens": 24},  # prompts split at many boundaries, decode rows alongside
@@ -23,9 +25,14 @@ LOADS = {
 
 
 def requests(llm, count, max_tokens):
-    return [Request(f"r{i}", llm.encode(PROMPTS[i % len(PROMPTS)]), SamplingParams(max_tokens=max_tokens + i % 7,
-                                                                                   ignore_eos=True))
-            for i in range(count)]
+    return [
+        Request(
+            f"r{i}",
+            llm.encode(PROMPTS[i % len(PROMPTS)]),
+            SamplingParams(max_tokens=max_tokens + i % 7, ignore_eos=True),
+        )
+        for i in range(count)
+    ]
 
 
 def solo(llm, config, reqs):

@@ -1,4 +1,5 @@
 """Scheduler (integers only): token budget, chunked prefill, admission, preemption order."""
+
 from speclm.engine.scheduler import Scheduler, Sequence
 from speclm.kv.block_manager import BlockManager
 

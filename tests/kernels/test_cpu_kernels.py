@@ -1,6 +1,7 @@
 """speclm's compiled CPU kernels: attention rows equal torch's SDPA to float rounding and do not depend on
 the other rows of a call (what exact speculation needs), RMSNorm equals torch's, and without the
 kernels (no compiler, or SPECLM_CPU_KERNELS=0) the engine falls back to torch's ops, still exact."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -27,19 +28,24 @@ def sdpa_row(q, keys, values, index):  # [heads, 1, d]: one query over keys[:, i
 def test_attend_rows_matches_sdpa_for_causal_and_slot_rows(head_dim):
     g = torch.Generator().manual_seed(0)
     heads, kv_heads, slots = 6, 2, 300
-    keys, values = torch.randn(kv_heads, slots, head_dim, generator=g), torch.randn(kv_heads, slots, head_dim, generator=g)
+    keys, values = (
+        torch.randn(kv_heads, slots, head_dim, generator=g),
+        torch.randn(kv_heads, slots, head_dim, generator=g),
+    )
     q = torch.randn(heads, 5, head_dim, generator=g)
     causal = DecodeRows.causal(200, 5)  # rows over keys 0..195 .. 0..199
-    out = kernels.attend_rows(q, keys, values, causal.lengths, EMPTY, EMPTY, head_dim ** -0.5)
+    out = kernels.attend_rows(q, keys, values, causal.lengths, EMPTY, EMPTY, head_dim**-0.5)
     for i, length in enumerate(causal.lengths.tolist()):
-        torch.testing.assert_close(out[:, i : i + 1], sdpa_row(q[:, i : i + 1], keys, values, slice(0, length)),
-                                   rtol=0, atol=2e-6)
+        torch.testing.assert_close(
+            out[:, i : i + 1], sdpa_row(q[:, i : i + 1], keys, values, slice(0, length)), rtol=0, atol=2e-6
+        )
     table = torch.randperm(slots, generator=g)[:250].repeat(5, 1)  # each row: its own scattered slots
     lengths = torch.tensor([250, 1, 17, 130, 64])
-    out = kernels.attend_rows(q, keys, values, lengths, table, EMPTY, head_dim ** -0.5)
+    out = kernels.attend_rows(q, keys, values, lengths, table, EMPTY, head_dim**-0.5)
     for i, length in enumerate(lengths.tolist()):
-        torch.testing.assert_close(out[:, i : i + 1], sdpa_row(q[:, i : i + 1], keys, values, table[i, :length]),
-                                   rtol=0, atol=2e-6)
+        torch.testing.assert_close(
+            out[:, i : i + 1], sdpa_row(q[:, i : i + 1], keys, values, table[i, :length]), rtol=0, atol=2e-6
+        )
 
 
 @needs_kernels
@@ -61,10 +67,19 @@ def test_attend_rows_is_row_invariant_bit_for_bit():
     finally:
         torch.set_num_threads(before)
     for i, length in enumerate(lengths.tolist()):
-        alone = kernels.attend_rows(q[:, i : i + 1].clone(), pool_k, pool_v, lengths[i : i + 1], table[i : i + 1], EMPTY, 0.125)
+        alone = kernels.attend_rows(
+            q[:, i : i + 1].clone(), pool_k, pool_v, lengths[i : i + 1], table[i : i + 1], EMPTY, 0.125
+        )
         index = table[i, :length]
-        contiguous = kernels.attend_rows(q[:, i : i + 1].clone(), pool_k[:, index].contiguous(),
-                                         pool_v[:, index].contiguous(), lengths[i : i + 1], EMPTY, EMPTY, 0.125)
+        contiguous = kernels.attend_rows(
+            q[:, i : i + 1].clone(),
+            pool_k[:, index].contiguous(),
+            pool_v[:, index].contiguous(),
+            lengths[i : i + 1],
+            EMPTY,
+            EMPTY,
+            0.125,
+        )
         assert torch.equal(alone, together[:, i : i + 1]) and torch.equal(contiguous, alone), i
 
 
@@ -81,8 +96,9 @@ def test_rows_sharing_a_slot_table_row_equal_rows_with_their_own():
     own = kernels.attend_rows(q, pool_k, pool_v, lengths, slots.repeat(50, 1), EMPTY, 0.125)
     assert torch.equal(shared, own)
     for i in (0, 17, 49):
-        alone = kernels.attend_rows(q[:, i : i + 1].clone(), pool_k, pool_v, lengths[i : i + 1], slots[None], EMPTY,
-                                    0.125)
+        alone = kernels.attend_rows(
+            q[:, i : i + 1].clone(), pool_k, pool_v, lengths[i : i + 1], slots[None], EMPTY, 0.125
+        )
         assert torch.equal(alone, shared[:, i : i + 1])
 
 
@@ -94,8 +110,9 @@ def test_rms_norm_kernel_matches_torch(dtype):
     out = kernels.rms_norm(x, weight, 1e-5)
     reference = weight * torch.rms_norm(x, (576,), eps=1e-5).to(dtype)
     assert out.dtype == dtype
-    torch.testing.assert_close(out.float(), reference.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-6,
-                               atol=1e-5)
+    torch.testing.assert_close(
+        out.float(), reference.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-6, atol=1e-5
+    )
     with torch.enable_grad():  # gradients wanted: torch's ops run, so training still differentiates
         w = weight.float().requires_grad_()
         rms_norm(x, w, 1e-5).sum().backward()
@@ -104,7 +121,11 @@ def test_rms_norm_kernel_matches_torch(dtype):
 
 def test_attention_without_kernels_matches_the_kernel_path(monkeypatch):
     g = torch.Generator().manual_seed(3)
-    keys, values, q = torch.randn(2, 50, 64, generator=g), torch.randn(2, 50, 64, generator=g), torch.randn(4, 3, 64, generator=g)
+    keys, values, q = (
+        torch.randn(2, 50, 64, generator=g),
+        torch.randn(2, 50, 64, generator=g),
+        torch.randn(4, 3, 64, generator=g),
+    )
     rows = DecodeRows.tree(40, [[0], [0, 1], [0, 2]])
     with_kernels = attend_like_decoding(q, keys, values, rows)
     monkeypatch.setattr(attention, "cpu_kernels", lambda: None)
@@ -185,11 +206,15 @@ def test_int4_kernel_matches_torch_on_the_same_grid_and_is_row_invariant(group_s
     finally:
         torch.set_num_threads(before)
     for rows in (range(0, 1), range(3, 8), range(8, 17)):  # tiles of 1, 5 and 9 rows: each row as alone
-        part = int4_kernels.int4_matmul(x[rows.start : rows.stop].clone(), layer.weight, group_size, layer.scales_and_zeros)
+        part = int4_kernels.int4_matmul(
+            x[rows.start : rows.stop].clone(), layer.weight, group_size, layer.scales_and_zeros
+        )
         assert torch.equal(part, ours[rows.start : rows.stop])
     for r in range(17):
-        assert torch.equal(int4_kernels.int4_matmul(x[r : r + 1].clone(), layer.weight, group_size, layer.scales_and_zeros),
-                           ours[r : r + 1])
+        assert torch.equal(
+            int4_kernels.int4_matmul(x[r : r + 1].clone(), layer.weight, group_size, layer.scales_and_zeros),
+            ours[r : r + 1],
+        )
 
 
 def test_int4_layers_fall_back_to_torchs_kernel(monkeypatch):

@@ -1,4 +1,5 @@
 """BlockManager: allocation, ref counts, copy-on-write, prefix hash chain, LRU eviction (ints only)."""
+
 from speclm.kv.block_manager import BlockManager
 
 

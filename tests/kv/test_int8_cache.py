@@ -1,4 +1,5 @@
 """int8 KV cache: quantization error bound, memory, and generation close to the full-precision cache."""
+
 import torch
 
 from speclm import SamplingParams
@@ -23,8 +24,13 @@ def test_int8_slots_round_trip_within_half_a_step():
 
 def test_int8_cache_generation_tracks_full_precision(stories_llm):
     runner = stories_llm.runner
-    prompts = ["Once upon a time", "Tom had a dog", "The sun was hot and the", "One day, a little bird",
-               "Sam liked to eat"]
+    prompts = [
+        "Once upon a time",
+        "Tom had a dog",
+        "The sun was hot and the",
+        "One day, a little bird",
+        "Sam liked to eat",
+    ]
     requests = [Request(str(i), stories_llm.encode(p), SamplingParams(max_tokens=24)) for i, p in enumerate(prompts)]
     full = Engine(runner, stories_llm.tokenizer, CacheConfig(block_size=4))
     int8 = Engine(runner, stories_llm.tokenizer, CacheConfig(block_size=4, kv_cache_dtype="int8"))
@@ -42,11 +48,13 @@ def test_streaming_window_generates_past_the_cache_with_bounded_blocks(stories_l
     runner = stories_llm.runner
     prompt = stories_llm.encode("Once upon a time")
     params = SamplingParams(max_tokens=150, ignore_eos=True)
-    full = Engine(runner, stories_llm.tokenizer, CacheConfig(block_size=4)).generate(
-        [Request("f", prompt, params)])[0][0]
+    full = Engine(runner, stories_llm.tokenizer, CacheConfig(block_size=4)).generate([Request("f", prompt, params)])[0][
+        0
+    ]
     # 12 blocks of 4 tokens: 48 tokens of KV for a 155-token sequence
-    engine = Engine(runner, stories_llm.tokenizer,
-                         CacheConfig(block_size=4, num_blocks=16, streaming_window=48, attention_sinks=4))
+    engine = Engine(
+        runner, stories_llm.tokenizer, CacheConfig(block_size=4, num_blocks=16, streaming_window=48, attention_sinks=4)
+    )
     engine.add_request(Request("s", prompt, params))
     tokens, peak = [], 0
     while engine.has_unfinished():
@@ -73,8 +81,13 @@ def test_streaming_window_with_speculation_equals_plain_streaming_decoding(stori
     requests = [Request(str(i), stories_llm.encode(p), params) for i, p in enumerate(prompts)]
     plain = Engine(runner, stories_llm.tokenizer, CacheConfig(**config)).generate(requests)
     for spec in ("ngram", "layerskip:3"):
-        engine = Engine(runner, stories_llm.tokenizer, CacheConfig(**config),
-                             SpecConfig.parse(spec, 4, adaptive=False), stories_llm.proposers)
+        engine = Engine(
+            runner,
+            stories_llm.tokenizer,
+            CacheConfig(**config),
+            SpecConfig.parse(spec, 4, adaptive=False),
+            stories_llm.proposers,
+        )
         outs = engine.generate(requests)
         for got, want in zip(outs, plain):
             assert got[0].token_ids == want[0].token_ids, spec

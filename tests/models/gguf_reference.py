@@ -1,5 +1,6 @@
 """Independent numpy decoders of GGML block formats (written from the ggml block layouts), used as the
 reference for our GGUF dequantization; blocks are rows of raw bytes [num_blocks, block_bytes]."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -70,7 +71,11 @@ def q6_k(b):  # 210 bytes: ql[128], qh[64], scales[16] int8, d
     ql, qh, scales, d = b[:, :128], b[:, 128:192], b[:, 192:208].view(np.int8).astype(np.float32), _f16(b[:, 208:])
     out = np.zeros((b.shape[0], 256), np.float32)
     for half in range(2):  # 128 values each
-        l_lo, l_hi, h = ql[:, 64 * half : 64 * half + 32], ql[:, 64 * half + 32 : 64 * half + 64], qh[:, 32 * half : 32 * half + 32]
+        l_lo, l_hi, h = (
+            ql[:, 64 * half : 64 * half + 32],
+            ql[:, 64 * half + 32 : 64 * half + 64],
+            qh[:, 32 * half : 32 * half + 32],
+        )
         quarters = [
             (l_lo & 0xF) | (((h >> 0) & 3) << 4),
             (l_hi & 0xF) | (((h >> 2) & 3) << 4),
@@ -89,8 +94,14 @@ def bf16(b):  # 2 bytes per value: the top half of an fp32
     return (np.ascontiguousarray(b).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
-BLOCK = {"Q8_0": (32, 34, q8_0), "Q4_0": (32, 18, q4_0), "Q4_1": (32, 20, q4_1),
-         "Q4_K": (256, 144, q4_k), "Q5_K": (256, 176, q5_k), "Q6_K": (256, 210, q6_k)}
+BLOCK = {
+    "Q8_0": (32, 34, q8_0),
+    "Q4_0": (32, 18, q4_0),
+    "Q4_1": (32, 20, q4_1),
+    "Q4_K": (256, 144, q4_k),
+    "Q5_K": (256, 176, q5_k),
+    "Q6_K": (256, 210, q6_k),
+}
 
 
 def dequantize_rows(raw: np.ndarray, kind: str, row_length: int) -> np.ndarray:

@@ -1,14 +1,23 @@
 """Helpers for tests: tiny random Hugging Face llama-family models and running them next to ours."""
+
 from __future__ import annotations
 
 import torch
 
-from speclm.models.checkpoint import build_model
 from speclm.models.attention import AttentionMetadata
+from speclm.models.checkpoint import build_model
 from speclm.models.loader import load_checkpoint
 
-TINY = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5)
+TINY = dict(
+    vocab_size=160,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+)
 
 
 def tiny_hf_model(config_class, seed: int = 0, **overrides):

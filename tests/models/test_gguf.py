@@ -1,5 +1,6 @@
 """GGUF loading: tensor types dequantize correctly, llama/qwen2 GGUFs (written by export_gguf the way
 llama.cpp does) match transformers and the original model, and the default SmolLM2 GGUF matches transformers."""
+
 from __future__ import annotations
 
 import os
@@ -8,10 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from speclm.models.checkpoint import ModelLoadError
 from speclm.compress.gguf_export import export_gguf, gguf_name
+from speclm.models.checkpoint import ModelLoadError
 from speclm.models.gguf_loader import (
-    dequantize_tensor, field_value, half_split_to_rope_rows, load_gguf, open_gguf, rope_rows_to_half_split,
+    dequantize_tensor,
+    field_value,
+    half_split_to_rope_rows,
+    load_gguf,
+    open_gguf,
+    rope_rows_to_half_split,
 )
 from speclm.models.loader import default_model_path, load_checkpoint
 from speclm.sampling_params import SamplingParams
@@ -123,7 +129,8 @@ def test_exported_gguf_matches_transformers_and_original(case, tensor_type, tmp_
     ids = list(range(5, 45))
     ours = torch.cat(our_logits_through_cache(load_ours(path), ids[:12], [[t] for t in ids[12:20]] + [ids[20:]]))
     theirs_model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(tmp_path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+        str(tmp_path), gguf_file=os.path.basename(path), dtype=torch.float32
+    ).eval()
     theirs = hf_logits(theirs_model, ids)
     assert (ours - theirs).abs().max() <= 1e-4
     reference = hf_logits(original, ids)
@@ -139,8 +146,13 @@ def test_exported_gguf_matches_transformers_and_original(case, tensor_type, tmp_
 def test_exported_llama3_rope_scaling_round_trips(tmp_path):
     """llama3 rope scaling goes into llama.cpp's rope_freqs tensor; our loader applies it. (transformers 5's
     GGUF reader ignores rope_freqs, so it is not the reference here: the original HF model is.)"""
-    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 32}
+    rope = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32,
+    }
     original = tiny_hf_model(transformers.LlamaConfig, rope_scaling=rope)
     original.save_pretrained(tmp_path)
     path = str(tmp_path / "llama3.gguf")
@@ -173,9 +185,16 @@ def test_export_with_tokenizer_round_trips(default_llm, tmp_path):
     from tests.test_tokenizer import TEXTS, WITH_SYSTEM
 
     source = default_llm.tokenizer
-    original = tiny_hf_model(transformers.LlamaConfig, vocab_size=source.vocab_size, hidden_size=32,
-                             intermediate_size=64, num_hidden_layers=1, tie_word_embeddings=True,
-                             bos_token_id=1, eos_token_id=2)
+    original = tiny_hf_model(
+        transformers.LlamaConfig,
+        vocab_size=source.vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     original.save_pretrained(tmp_path)
     path = str(tmp_path / "with-tokenizer.gguf")
     export_gguf(load_checkpoint(str(tmp_path)), source, path, "F16")

@@ -1,4 +1,5 @@
 """Our forward (through the KV cache) equals Hugging Face transformers' on tiny random HF checkpoints."""
+
 from __future__ import annotations
 
 import json
@@ -14,16 +15,23 @@ from tests.models.hf_tiny import hf_logits, load_ours, our_logits_through_cache,
 
 transformers = pytest.importorskip("transformers")
 
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 32}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
 CASES = {
     "llama-gqa-untied": ("LlamaConfig", {}),
     "llama-mha-tied": ("LlamaConfig", {"num_key_value_heads": 4, "tie_word_embeddings": True}),
     "llama-llama3-rope": ("LlamaConfig", {"rope_scaling": LLAMA3_ROPE, "rope_theta": 500000.0}),
     "llama-linear-rope": ("LlamaConfig", {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}),
     "llama-head-dim-32": ("LlamaConfig", {"head_dim": 32}),
-    "qwen2-yarn-rope": ("Qwen2Config", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
-                                                          "original_max_position_embeddings": 64}}),
+    "qwen2-yarn-rope": (
+        "Qwen2Config",
+        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}},
+    ),
     "qwen2-bias-tied": ("Qwen2Config", {"tie_word_embeddings": True}),
     "qwen2-bias-untied-mqa": ("Qwen2Config", {"num_key_value_heads": 1, "rope_theta": 1000000.0}),
     "mistral-gqa": ("MistralConfig", {}),
@@ -68,13 +76,22 @@ def test_rope_settings_read_from_saved_config(tmp_path):
     assert config.rope_theta == 500000.0
     assert config.rope_scaling["rope_type"] == "llama3" and config.rope_scaling["factor"] == 8.0
     assert config.rope_scaling["original_max_position_embeddings"] == 32
-    old_style = {**json.load(open(tmp_path / "config.json")), "rope_theta": 250000.0,
-                 "rope_scaling": {"type": "linear", "factor": 2.0}}
+    old_style = {
+        **json.load(open(tmp_path / "config.json")),
+        "rope_theta": 250000.0,
+        "rope_scaling": {"type": "linear", "factor": 2.0},
+    }
     old_style.pop("rope_parameters", None)
     old = ModelConfig.from_hf_dict(old_style)
     assert old.rope_theta == 250000.0 and old.rope_scaling == {"type": "linear", "factor": 2.0}
-    default = ModelConfig.from_hf_dict({**old_style, "rope_scaling": None, "rope_theta": None,
-                                        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}})
+    default = ModelConfig.from_hf_dict(
+        {
+            **old_style,
+            "rope_scaling": None,
+            "rope_theta": None,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+        }
+    )
     assert default.rope_theta == 1e6 and default.rope_scaling is None
 
 
@@ -83,8 +100,9 @@ def test_to_hf_dict_round_trips_through_transformers(tmp_path):
     hf_model = tiny_hf_model(transformers.Qwen2Config, tie_word_embeddings=True)
     hf_model.save_pretrained(tmp_path)
     config = load_checkpoint(str(tmp_path)).config
-    again = ModelConfig.from_hf_dict(transformers.AutoConfig.for_model(**config.to_hf_dict()).to_dict()
-                                     | {"architectures": ["Qwen2ForCausalLM"]})
+    again = ModelConfig.from_hf_dict(
+        transformers.AutoConfig.for_model(**config.to_hf_dict()).to_dict() | {"architectures": ["Qwen2ForCausalLM"]}
+    )
     assert again == config
 
 

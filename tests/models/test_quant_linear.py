@@ -1,5 +1,6 @@
 """Runtime weight formats: each layer against its dequantized reference, GGUF dequantization, whole
 models in every format (greedy speculative == greedy AR), and clear errors for bad --weights."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from speclm import LLM, SamplingParams
-from speclm.models.checkpoint import build_model
 from speclm.models.attention import AttentionMetadata
+from speclm.models.checkpoint import build_model
 from speclm.models.loader import load_checkpoint
 from speclm.models.quant_linear import (
     BF16Linear,
@@ -56,8 +57,9 @@ def test_int4_shape_constraints_are_value_errors():
 
 
 # -- single layers against their dequantized float reference ----------------------------------------
-@pytest.mark.parametrize("fmt,width", [("bf16", 256), ("int8", 256), ("int8", 172), ("int4", 256), ("int4:64", 256),
-                                       ("int4:128", 256)])
+@pytest.mark.parametrize(
+    "fmt,width", [("bf16", 256), ("int8", 256), ("int8", 172), ("int4", 256), ("int4:64", 256), ("int4:128", 256)]
+)
 def test_layer_equals_its_dequantized_reference(fmt, width):
     # width 172 (stories260K's down_proj) crashed torch's int8 kernel before inputs were padded to 8
     torch.manual_seed(0)
@@ -156,7 +158,9 @@ def prompt_logits(model, ids):
     return model.compute_logits(hidden)  # [len(ids), vocab]
 
 
-TEXT = STORIES_GOLDEN + " One day, she saw a big red ball in the grass. She ran to get it and played with her friend Tom."
+TEXT = (
+    STORIES_GOLDEN + " One day, she saw a big red ball in the grass. She ran to get it and played with her friend Tom."
+)
 # Upper bounds on perplexity(format) / perplexity(fp32) and lower bounds on argmax agreement for the
 # 260K-parameter fp32 model (a tiny fp32 model is far more fragile to 4 bits than a Q4_1 GGUF).
 # Measured: bf16 1.002 / 0.95, int8 1.002 / 1.0, int4 1.098 / 0.91, int4:64 1.028 / 0.88.
@@ -208,8 +212,12 @@ def test_lean_ops_equal_the_modules_bit_for_bit(padded_stories_dir, fmt):
 
     def passes():
         cache = model.new_cache(64)
-        run = lambda start, n: model(torch.tensor(ids[start:start + n]), torch.arange(start, start + n), cache,
-                                     AttentionMetadata(start, n))
+
+        def run(start, n):
+            return model(
+                torch.tensor(ids[start : start + n]), torch.arange(start, start + n), cache, AttentionMetadata(start, n)
+            )
+
         return [run(0, 30), run(30, 1), run(31, 5)]  # prefill, decode, verification rows
 
     model.use_lean_ops(False)

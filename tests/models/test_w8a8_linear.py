@@ -1,15 +1,18 @@
 """The w8a8 head of int4 models: batch invariance (what keeps speculative greedy exact), accuracy
 against the float product, the token-subset head, and that users cannot pick it as a model format;
 on speclm's VNNI kernel where it was built and on fbgemm (the fallback)."""
+
 import pytest
 import torch
 
-from speclm.models.quant_linear import WeightFormat, head_format
 from speclm.models import w8a8_linear
+from speclm.models.quant_linear import WeightFormat, head_format
 from speclm.models.w8a8_linear import W8A8Linear, w8a8_supported
 
-pytestmark = [pytest.mark.skipif(not w8a8_supported(), reason="torch build without fbgemm"),
-              pytest.mark.parametrize("backend", ["speclm", "fbgemm"], indirect=True)]
+pytestmark = [
+    pytest.mark.skipif(not w8a8_supported(), reason="torch build without fbgemm"),
+    pytest.mark.parametrize("backend", ["speclm", "fbgemm"], indirect=True),
+]
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
 """RejectionSampler on synthetic tensors: accepted / recovered / bonus semantics and exactness."""
+
 import pytest
 import torch
 from scipy.stats import chisquare

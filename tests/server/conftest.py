@@ -1,4 +1,5 @@
 """A real uvicorn server on 127.0.0.1 (free port) in a background thread, always shut down."""
+
 from __future__ import annotations
 
 import threading
@@ -6,7 +7,6 @@ import time
 from contextlib import contextmanager
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
@@ -20,12 +20,13 @@ def running_server(llm, config=None, api_key=None, model_name="test-model", on_f
     engine thread) afterwards."""
     import uvicorn
 
-    from speclm.server.app import build_app
     from speclm.config import CacheConfig
+    from speclm.server.app import build_app
     from speclm.server.config import ServerConfig
 
-    app = build_app(llm, config or CacheConfig(), ServerConfig(model_name=model_name, api_key=api_key, **server),
-                    on_fatal=on_fatal)
+    app = build_app(
+        llm, config or CacheConfig(), ServerConfig(model_name=model_name, api_key=api_key, **server), on_fatal=on_fatal
+    )
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

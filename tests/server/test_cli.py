@@ -1,4 +1,5 @@
 """`speclm serve` option errors and a tiny `speclm bench serve` / `speclm bench kv` run on stories260K."""
+
 import json
 
 from speclm.cli import main
@@ -19,8 +20,24 @@ def test_bench_serve_writes_json_and_markdown(tmp_path, stories_llm):
     from tests.speculative.tree_proposers import write_perturbed_heads
 
     eagle = write_perturbed_heads(stories_llm.model.config, tmp_path)["eagle"]
-    args = ["bench", "serve", *STORIES, "--no-chat", "--per-category", "1", "--concurrency", "1,3",
-            "--requests", "3", "--max-tokens", "6", "--methods", f"ar,ngram,eagle:{eagle},topk=1", "--out", str(tmp_path)]
+    args = [
+        "bench",
+        "serve",
+        *STORIES,
+        "--no-chat",
+        "--per-category",
+        "1",
+        "--concurrency",
+        "1,3",
+        "--requests",
+        "3",
+        "--max-tokens",
+        "6",
+        "--methods",
+        f"ar,ngram,eagle:{eagle},topk=1",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(args) == 0
     data = json.loads((tmp_path / "serve.json").read_text())
     assert list(data["results"]) == ["no speculation", "ngram (K=4, adaptive)", f"eagle:{eagle},topk=1 (K=4, adaptive)"]
@@ -31,8 +48,22 @@ def test_bench_serve_writes_json_and_markdown(tmp_path, stories_llm):
 
 
 def test_bench_kv_reports_memory_and_agreement(tmp_path):
-    args = ["bench", "kv", *STORIES, "--no-chat", "--per-category", "1", "--categories", "writing,qa",
-            "--max-tokens", "8", "--block-size", "4", "--out", str(tmp_path)]
+    args = [
+        "bench",
+        "kv",
+        *STORIES,
+        "--no-chat",
+        "--per-category",
+        "1",
+        "--categories",
+        "writing,qa",
+        "--max-tokens",
+        "8",
+        "--block-size",
+        "4",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(args) == 0
     rows = json.loads((tmp_path / "kv_int8.json").read_text())["results"]
     assert rows["auto"]["identical_outputs"] == 1.0 and rows["auto"]["mean_agreeing_prefix"] == 8
@@ -76,8 +107,9 @@ def test_sigterm_drains_in_flight_requests_and_exits(tmp_path):
             time.sleep(0.1)
         result = {}
         body = {"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "temperature": 0}
-        sender = threading.Thread(target=lambda: result.update(r=httpx.post(f"{url}/v1/completions", json=body,
-                                                                             timeout=30)))
+        sender = threading.Thread(
+            target=lambda: result.update(r=httpx.post(f"{url}/v1/completions", json=body, timeout=30))
+        )
         sender.start()
         time.sleep(0.05)
         t0 = time.monotonic()

@@ -1,6 +1,7 @@
 """Hostile clients against a live server (stories260K, loopback): each crasher found by fuzzing gets an
 OpenAI-schema answer and the engine keeps serving; a failing step fails only its requests; a dead
 engine loop is reported; abandoned requests stop; limits answer 413/429; a bounded schemathesis run."""
+
 import json
 import threading
 import time
@@ -9,7 +10,6 @@ import httpx
 import pytest
 
 from speclm import SamplingParams
-from speclm.config import CacheConfig
 from tests.server.conftest import running_server, wait_until
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
@@ -34,8 +34,9 @@ CRASHERS = [
 
 
 def post(url, path, body, timeout=30):
-    return httpx.post(f"{url}{path}", content=json.dumps(body).encode(), timeout=timeout,
-                      headers={"content-type": "application/json"})
+    return httpx.post(
+        f"{url}{path}", content=json.dumps(body).encode(), timeout=timeout, headers={"content-type": "application/json"}
+    )
 
 
 def engine_idle(app) -> bool:
@@ -75,9 +76,11 @@ def test_vanishing_temperatures_decode_greedily(server, stories_llm, temperature
 
 def test_extreme_but_valid_values_are_served(server):
     url, _ = server
-    for body in ({"prompt": "a", "seed": 2**64 - 1, "temperature": 2, "max_tokens": 3},
-                 {"prompt": "a", "seed": -(2**63), "top_p": 1e-30, "max_tokens": 3},
-                 {"prompt": "a", "max_tokens": 10**12, "top_k": 10**12, "stop": "x" * 512}):
+    for body in (
+        {"prompt": "a", "seed": 2**64 - 1, "temperature": 2, "max_tokens": 3},
+        {"prompt": "a", "seed": -(2**63), "top_p": 1e-30, "max_tokens": 3},
+        {"prompt": "a", "max_tokens": 10**12, "top_k": 10**12, "stop": "x" * 512},
+    ):
         r = post(url, COMPLETIONS, body)
         assert r.status_code == 200, (body, r.text)
 
@@ -106,8 +109,9 @@ def test_a_failing_step_fails_only_its_requests(stories_llm):
         assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
         restore()
         restore = slowed(app, 0.0, fail_at=4)  # mid-stream: an error event, then [DONE]
-        with httpx.stream("POST", f"{url}{COMPLETIONS}", json={"prompt": "Tom", "max_tokens": 30, "stream": True},
-                          timeout=30) as response:
+        with httpx.stream(
+            "POST", f"{url}{COMPLETIONS}", json={"prompt": "Tom", "max_tokens": 30, "stream": True}, timeout=30
+        ) as response:
             assert response.status_code == 200
             events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
         restore()
@@ -115,7 +119,9 @@ def test_a_failing_step_fails_only_its_requests(stories_llm):
         assert any("choices" in json.loads(e) for e in events[:-2])
         wait_until(lambda: engine_idle(app))
         r = post(url, COMPLETIONS, {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0})
-        assert r.status_code == 200 and r.json()["choices"][0]["text"] == greedy_text(stories_llm, "Once upon a time", 8)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == greedy_text(
+            stories_llm, "Once upon a time", 8
+        )
         metrics = httpx.get(f"{url}/metrics").text
         assert "speclm_num_requests_running 0.0" in metrics and "speclm_kv_blocks_used 0.0" in metrics
 
@@ -161,8 +167,9 @@ def test_limits_answer_413_and_429(stories_llm):
         r = httpx.post(f"{url}{COMPLETIONS}", content=iter(chunks), headers={"content-type": "application/json"})
         assert r.status_code == 413
         restore = slowed(app, 0.02)
-        busy = threading.Thread(target=post, args=(url, COMPLETIONS, {"prompt": "a", "max_tokens": 60,
-                                                                         "ignore_eos": True}))
+        busy = threading.Thread(
+            target=post, args=(url, COMPLETIONS, {"prompt": "a", "max_tokens": 60, "ignore_eos": True})
+        )
         busy.start()
         wait_until(lambda: app.state.service.in_flight == 1)
         r = post(url, COMPLETIONS, {"prompt": "a", "max_tokens": 2})

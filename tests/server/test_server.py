@@ -1,5 +1,6 @@
 """The HTTP server on stories260K: openai client parity with the offline engine, 32 concurrent streams,
 prefix cache, disconnects, preemption, OpenAI-style 4xx errors, metrics."""
+
 import asyncio
 import re
 import time
@@ -12,8 +13,14 @@ from speclm import SamplingParams
 from speclm.config import CacheConfig
 from tests.server.conftest import running_server, wait_until
 
-PROMPTS = ["Once upon a time", "Tom had a dog", "The sun was hot and the", "Lily and Ben went to the park. They saw a big",
-           "One day, a little bird", "Sam liked to eat"]
+PROMPTS = [
+    "Once upon a time",
+    "Tom had a dog",
+    "The sun was hot and the",
+    "Lily and Ben went to the park. They saw a big",
+    "One day, a little bird",
+    "Sam liked to eat",
+]
 
 
 def metric(url: str, name: str) -> float:
@@ -45,8 +52,9 @@ def test_openai_client_completions_match_offline_engine(server, stories_llm):
         r = client.completions.create(model="test-model", prompt=prompt, max_tokens=max_tokens, temperature=0)
         assert r.choices[0].text == expected.text and r.choices[0].finish_reason == "length"
         assert r.usage.completion_tokens == max_tokens and r.usage.prompt_tokens == len(stories_llm.encode(prompt))
-        stream = client.completions.create(model="test-model", prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                           stream=True)
+        stream = client.completions.create(
+            model="test-model", prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True
+        )
         chunks = list(stream)
         assert "".join(c.choices[0].text for c in chunks) == expected.text
         assert chunks[-1].choices[0].finish_reason == "length" and len(chunks) > 2
@@ -54,11 +62,14 @@ def test_openai_client_completions_match_offline_engine(server, stories_llm):
     ids = stories_llm.encode("Tom had a dog")
     r = client.completions.create(model="test-model", prompt=ids, max_tokens=40, temperature=0, stop=["."])
     assert r.choices[0].text == offline(stories_llm, ids, 40, stop=["."]).text and r.choices[0].finish_reason == "stop"
-    r = client.completions.create(model="test-model", prompt="Tom had a dog", max_tokens=15, temperature=0.8,
-                                  top_p=0.9, seed=11, n=2)
+    r = client.completions.create(
+        model="test-model", prompt="Tom had a dog", max_tokens=15, temperature=0.8, top_p=0.9, seed=11, n=2
+    )
     for choice in r.choices:
-        assert choice.text == offline(stories_llm, "Tom had a dog", 15, temperature=0.8, top_p=0.9,
-                                      seed=11 + choice.index).text
+        assert (
+            choice.text
+            == offline(stories_llm, "Tom had a dog", 15, temperature=0.8, top_p=0.9, seed=11 + choice.index).text
+        )
 
 
 def test_32_concurrent_streams_get_their_solo_outputs(server, stories_llm):
@@ -67,8 +78,9 @@ def test_32_concurrent_streams_get_their_solo_outputs(server, stories_llm):
     expected = [offline(stories_llm, p, m).text for p, m in jobs]
 
     async def one(client, prompt, max_tokens):
-        stream = await client.completions.create(model="test-model", prompt=prompt, max_tokens=max_tokens,
-                                                 temperature=0, stream=True)
+        stream = await client.completions.create(
+            model="test-model", prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True
+        )
         return "".join([c.choices[0].text async for c in stream])
 
     async def main():
@@ -81,7 +93,7 @@ def test_32_concurrent_streams_get_their_solo_outputs(server, stories_llm):
 
 
 def test_shared_prefix_is_served_from_prefix_cache(stories_llm):
-    prefix = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park. " * 6)
+    prefix = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. " * 6
     config = CacheConfig(block_size=8, max_num_batched_tokens=16)  # a long prompt takes many prefill steps
 
     def ttft(client, prompt):
@@ -109,7 +121,7 @@ def test_disconnect_mid_stream_frees_blocks(server):
     body = {"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True, "ignore_eos": True}
     with httpx.Client(timeout=30) as client, client.stream("POST", f"{url}/v1/completions", json=body) as response:
         lines = response.iter_lines()
-        assert next(l for l in lines if l.startswith("data:"))
+        assert next(line for line in lines if line.startswith("data:"))
         assert app.state.engine.engine.block_manager.num_used_blocks > 0
     wait_until(lambda: engine_idle(app))
     assert metric(url, "speclm_generation_tokens_total") - before < 400  # stopped early, not run to the end
@@ -119,10 +131,18 @@ def test_block_exhaustion_preempts_and_everyone_finishes(stories_llm):
     config = CacheConfig(num_blocks=48, block_size=4, max_num_batched_tokens=32)
     jobs = [(PROMPTS[i % len(PROMPTS)], 60 + 20 * (i % 3)) for i in range(8)]
     with running_server(stories_llm, config) as (url, app):
+
         async def main():
             async with httpx.AsyncClient(timeout=60) as client:
-                rs = await asyncio.gather(*(client.post(f"{url}/v1/completions", json={
-                    "prompt": p, "max_tokens": m, "temperature": 0, "ignore_eos": True}) for p, m in jobs))
+                rs = await asyncio.gather(
+                    *(
+                        client.post(
+                            f"{url}/v1/completions",
+                            json={"prompt": p, "max_tokens": m, "temperature": 0, "ignore_eos": True},
+                        )
+                        for p, m in jobs
+                    )
+                )
                 return [r.json()["choices"][0]["text"] for r in rs]
 
         texts = asyncio.run(main())
@@ -133,7 +153,10 @@ def test_block_exhaustion_preempts_and_everyone_finishes(stories_llm):
 
 def test_bad_requests_get_openai_errors_and_server_keeps_serving(server, stories_llm):
     url, _ = server
-    post = lambda body, **kw: httpx.post(f"{url}/v1/completions", timeout=10, **({"json": body} if body is not None else kw))
+
+    def post(body, **kw):
+        return httpx.post(f"{url}/v1/completions", timeout=10, **({"json": body} if body is not None else kw))
+
     cases = [
         (post(None, content=b'{"prompt": "a",', headers={"content-type": "application/json"}), 400, None),
         (post({"prompt": "a", "temperature": -1}), 400, "temperature"),
@@ -144,7 +167,11 @@ def test_bad_requests_get_openai_errors_and_server_keeps_serving(server, stories
         (post({"max_tokens": 3}), 400, "prompt"),
         (post({"prompt": [1, 99999]}), 400, "prompt"),
         (post({"prompt": "Once upon a time " * 200}), 400, "prompt"),
-        (httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}), 400, "messages"),
+        (
+            httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}),
+            400,
+            "messages",
+        ),
         (httpx.post(f"{url}/v1/chat/completions", json={"messages": []}), 400, "messages"),
     ]
     for response, status, param in cases:

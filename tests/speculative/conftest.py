@@ -1,4 +1,5 @@
 """Fixtures for speculative decoding tests: a draft model that disagrees with stories260K."""
+
 import json
 import os
 

@@ -1,4 +1,5 @@
 """Adaptive speculation length."""
+
 from speclm.speculative.controller import SpeculationController
 
 

@@ -1,6 +1,7 @@
 """Speculative sampling is exact: with a draft that disagrees with the target, the first two generated
 tokens follow the target's own distribution (computed by enumeration), checked with a G-test. The same
 test must reject a deliberately broken verifier (negative control), or it would prove nothing."""
+
 import numpy as np
 import pytest
 import torch
@@ -31,8 +32,14 @@ def exact_two_token_distribution(llm, prompt_ids: list[int], params: SamplingPar
 def sample_two_tokens(llm, prompt_ids: list[int], params: SamplingParams, num_samples: int) -> np.ndarray:
     counts = np.zeros((llm.model.config.vocab_size,) * 2)
     for seed in range(num_samples):
-        run = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                             seed=seed, max_tokens=2, ignore_eos=True)
+        run = SamplingParams(
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            seed=seed,
+            max_tokens=2,
+            ignore_eos=True,
+        )
         t1, t2 = llm.generate(prompt_ids, run)[0].token_ids
         counts[t1, t2] += 1
     return counts
@@ -62,8 +69,18 @@ class ResidualSkippingVerifier(RejectionSampler):
 # deterministic prompt hides any bias). Drafts: a noisy copy, the first layer alone, one-hot n-grams.
 CASES = {
     "perturbed-draft": ("draft", "", SamplingParams(temperature=1.5), 2),
-    "layerskip-topk-topp": ("layerskip:1", "Once upon a time, there was a", SamplingParams(temperature=2.0, top_k=20, top_p=0.9), 3),
-    "ngram-one-hot-drafts": ("ngram", "Tom had a red ball. Tom had a red ball. Tom had a", SamplingParams(temperature=1.0), 2),
+    "layerskip-topk-topp": (
+        "layerskip:1",
+        "Once upon a time, there was a",
+        SamplingParams(temperature=2.0, top_k=20, top_p=0.9),
+        3,
+    ),
+    "ngram-one-hot-drafts": (
+        "ngram",
+        "Tom had a red ball. Tom had a red ball. Tom had a",
+        SamplingParams(temperature=1.0),
+        2,
+    ),
 }
 
 

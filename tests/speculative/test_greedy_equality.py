@@ -1,10 +1,16 @@
 """Lossless greedy: for every proposer and K, speculative output == plain greedy output, token for token."""
+
 import pytest
 
 from speclm import SamplingParams
 
-STORY_PROMPTS = ["", "Once upon a time", "Tom and Lily went to the park. Tom", "The cat sat on the mat. The cat",
-                 "One day, a little bird"]
+STORY_PROMPTS = [
+    "",
+    "Once upon a time",
+    "Tom and Lily went to the park. Tom",
+    "The cat sat on the mat. The cat",
+    "One day, a little bird",
+]
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +21,9 @@ def stories_reference(stories_llm):
 
 @pytest.mark.parametrize("method", ["ngram", "layerskip:1", "layerskip:3", "draft"])
 @pytest.mark.parametrize("k", range(1, 9))
-def test_stories_speculative_greedy_equals_plain_greedy(stories_llm, stories_reference, perturbed_stories_dir, method, k):
+def test_stories_speculative_greedy_equals_plain_greedy(
+    stories_llm, stories_reference, perturbed_stories_dir, method, k
+):
     spec = f"draft:{perturbed_stories_dir}" if method == "draft" else method
     llm = stories_llm.with_spec(spec, num_speculative_tokens=k, adaptive=False)
     total_drafted = 0
@@ -75,7 +83,9 @@ def default_reference(default_int4_llm, default_prompts):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["ngram", "layerskip:8"])
-def test_default_model_speculative_greedy_equals_plain_greedy(default_int4_llm, default_prompts, default_reference, method):
+def test_default_model_speculative_greedy_equals_plain_greedy(
+    default_int4_llm, default_prompts, default_reference, method
+):
     """20 specbench prompts x 64 tokens; prompt i uses K = 1 + i % 8, so K = 1..8 are all covered."""
     prompts, reference, params = default_prompts, default_reference, DEFAULT_PARAMS
     drafted = 0
@@ -85,4 +95,3 @@ def test_default_model_speculative_greedy_equals_plain_greedy(default_int4_llm, 
         assert out.token_ids == reference[i], (method, i)
         drafted += out.stats.drafted_tokens
     assert drafted > 0
-

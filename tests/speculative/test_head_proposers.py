@@ -1,6 +1,7 @@
 """medusa:PATH and eagle:PATH: lossless greedy with untrained and randomly perturbed heads (exactness
 must not depend on head quality), chains and trees, K = 1..8; the features they draft from are the
 target's own at the right positions; bad head paths and options fail clearly."""
+
 import pytest
 import torch
 
@@ -8,8 +9,8 @@ from speclm import SamplingParams
 from speclm.config import SpecConfig
 from speclm.speculative.heads import EagleHead, MedusaHeads, save_head
 from speclm.speculative.medusa import static_tree
-from tests.speculative.tree_proposers import OracleTreeProposer
 from tests.helpers import ContiguousPass, generate_with_proposer
+from tests.speculative.tree_proposers import OracleTreeProposer
 
 PROMPTS = ["", "Once upon a time", "Tom and Lily went to the park. Tom"]
 PARAMS = SamplingParams(max_tokens=40, ignore_eos=True)
@@ -42,9 +43,11 @@ def reference(stories_llm):
 
 
 SPECS = {  # name -> (head, options)
-    "medusa-tree": ("medusa", ""), "medusa-chain": ("medusa-perturbed", ",width=1"),
+    "medusa-tree": ("medusa", ""),
+    "medusa-chain": ("medusa-perturbed", ",width=1"),
     "medusa-perturbed-tree": ("medusa-perturbed", ",width=4"),
-    "eagle-tree": ("eagle", ""), "eagle-chain": ("eagle-perturbed", ",topk=1"),
+    "eagle-tree": ("eagle", ""),
+    "eagle-chain": ("eagle-perturbed", ",topk=1"),
     "eagle-perturbed-tree": ("eagle-perturbed", ",topk=3,beam=2,depth=4"),
 }
 
@@ -124,8 +127,20 @@ def test_bad_head_paths_and_options_fail_clearly(stories_llm, head_dirs, tmp_pat
 def test_cli_runs_heads_and_rejects_bad_ones(head_dirs, tmp_path, capsys):
     from tests.test_bad_input import STORIES, assert_one_error_line, run_cli
 
-    code, out, _ = run_cli(capsys, "generate", "--prompt", "Once", *STORIES, "--max-tokens", "8", "--json",
-                           "--spec", f"eagle:{head_dirs['eagle-perturbed']},topk=2,depth=3", "--k", "6")
+    code, out, _ = run_cli(
+        capsys,
+        "generate",
+        "--prompt",
+        "Once",
+        *STORIES,
+        "--max-tokens",
+        "8",
+        "--json",
+        "--spec",
+        f"eagle:{head_dirs['eagle-perturbed']},topk=2,depth=3",
+        "--k",
+        "6",
+    )
     assert code == 0 and '"target_forwards"' in out
     code, _, err = run_cli(capsys, "generate", "--prompt", "hi", *STORIES, "--spec", f"medusa:{tmp_path}/missing")
     assert_one_error_line(code, err, "is not a draft-head directory")
@@ -137,14 +152,19 @@ def test_bench_methods_keep_head_options_together():
     from speclm.cli.common import split_methods
 
     assert split_methods("ar, ngram,eagle:d/x,topk=1,depth=3,medusa:m,width=2") == [
-        "ar", "ngram", "eagle:d/x,topk=1,depth=3", "medusa:m,width=2"]
+        "ar",
+        "ngram",
+        "eagle:d/x,topk=1,depth=3",
+        "medusa:m,width=2",
+    ]
 
 
 def test_head_sampling_runs_and_is_reproducible(stories_llm, head_dirs):
     """Sampled runs with top-k/top-p (exactness itself: tests/speculative/test_tree_exactness.py). Fixed K:
     adaptive K follows measured timings, which changes the drafts and so the random stream."""
-    llm = stories_llm.with_spec(f"eagle:{head_dirs['eagle-perturbed']},topk=3,beam=2", num_speculative_tokens=6,
-                                adaptive=False)
+    llm = stories_llm.with_spec(
+        f"eagle:{head_dirs['eagle-perturbed']},topk=3,beam=2", num_speculative_tokens=6, adaptive=False
+    )
     params = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=3, max_tokens=30)
     first, second = llm.generate("Once upon a time", params)[0], llm.generate("Once upon a time", params)[0]
     assert first.token_ids == second.token_ids and len(first.token_ids) > 0
@@ -158,17 +178,24 @@ def test_heads_in_bf16_run_quantized_and_stay_exact(head_dirs):
 
     llm = LLM(STORIES_MODEL, tokenizer=STORIES_TOKENIZER, weights="bf16")
     expected = llm.generate("Once upon a time", PARAMS)[0].token_ids
-    for spec in (f"eagle:{head_dirs['eagle-perturbed']},topk=3", f"eagle:{head_dirs['eagle']},topk=1",
-                 f"medusa:{head_dirs['medusa-perturbed']}"):
+    for spec in (
+        f"eagle:{head_dirs['eagle-perturbed']},topk=3",
+        f"eagle:{head_dirs['eagle']},topk=1",
+        f"medusa:{head_dirs['medusa-perturbed']}",
+    ):
         fast = llm.with_spec(spec, num_speculative_tokens=6, adaptive=False)
         proposer = fast.proposers(fast.spec)
-        assert any(isinstance(m, BF16Linear) for m in proposer.__dict__["head" if "eagle" in spec else "heads"].modules())
+        assert any(
+            isinstance(m, BF16Linear) for m in proposer.__dict__["head" if "eagle" in spec else "heads"].modules()
+        )
         assert fast.generate("Once upon a time", PARAMS)[0].token_ids == expected, spec
 
 
 def test_sampled_eagle_chain_carries_its_draft_distribution(stories_llm, head_dirs):
     """At temperature > 0 an EAGLE chain draws from its processed q (zero outside the token_map)."""
-    llm = stories_llm.with_spec(f"eagle:{head_dirs['eagle-perturbed']},topk=1", num_speculative_tokens=4, adaptive=False)
+    llm = stories_llm.with_spec(
+        f"eagle:{head_dirs['eagle-perturbed']},topk=1", num_speculative_tokens=4, adaptive=False
+    )
     proposer = llm.proposers(llm.spec)
     ids = stories_llm.tokenizer.encode("Once upon a time")
     proposer.start(ids, 64)

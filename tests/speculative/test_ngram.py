@@ -1,4 +1,5 @@
 """Prompt-lookup matching."""
+
 from speclm.speculative.ngram import find_continuation
 
 

@@ -6,21 +6,30 @@ scheme (no residual update after a sibling fails) must be rejected by the same t
 
 One case runs the whole engine (tree pass, KV commit, next step); the others drive the verifier with
 the target's logits precomputed for every first token, which is the same computation ~30x faster."""
+
 import pytest
 import torch
 
 from speclm import SamplingParams
-from speclm.sample.sampler import processed_probs, sample_from_probs
 from speclm.sample.rejection import RejectionSampler
+from speclm.sample.sampler import processed_probs, sample_from_probs
 from speclm.sample.tree import TokenTree
-from tests.speculative.test_exactness import ALPHA, NUM_SAMPLES, exact_two_token_distribution, g_test_pvalue
 from tests.helpers import ContiguousPass, engine_with_proposer, generate_with_proposer
+from tests.speculative.test_exactness import ALPHA, NUM_SAMPLES, exact_two_token_distribution, g_test_pvalue
 from tests.speculative.tree_proposers import TableTreeProposer
 
 CASES = {
     "sampled-siblings": ("", SamplingParams(temperature=1.5), "sampled"),
-    "sampled-siblings-topk-topp": ("Once upon a time, there was a", SamplingParams(temperature=2.0, top_k=20, top_p=0.9), "sampled"),
-    "topk-siblings-topk-topp": ("Once upon a time, there was a", SamplingParams(temperature=2.0, top_k=20, top_p=0.9), "topk"),
+    "sampled-siblings-topk-topp": (
+        "Once upon a time, there was a",
+        SamplingParams(temperature=2.0, top_k=20, top_p=0.9),
+        "sampled",
+    ),
+    "topk-siblings-topk-topp": (
+        "Once upon a time, there was a",
+        SamplingParams(temperature=2.0, top_k=20, top_p=0.9),
+        "topk",
+    ),
 }
 
 
@@ -51,8 +60,14 @@ def sample_first_two(llm, proposer, prompt_ids, params, verifier=None):
     counts = torch.zeros((llm.model.config.vocab_size,) * 2, dtype=torch.float64)
     deep = 0
     for seed in range(NUM_SAMPLES):
-        run = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                             seed=seed, max_tokens=3, ignore_eos=True)
+        run = SamplingParams(
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            seed=seed,
+            max_tokens=3,
+            ignore_eos=True,
+        )
         out = generate_with_proposer(llm, proposer, prompt_ids, run, 16, engine=engine)
         t1, t2 = out.token_ids[:2]
         counts[t1, t2] += 1
@@ -75,7 +90,11 @@ def verify_first_two(proposer, root_logits, after, prompt_len, params, verifier=
         rows = [root_logits] + [after[t] if depths[i + 1] == 1 else root_logits for i, t in enumerate(proposal.tokens)]
         result = verifier.verify(torch.stack(rows), tree, proposal.tokens, proposal.probs, params, generator)
         t1 = result.tokens[0]
-        t2 = result.tokens[1] if len(result.tokens) > 1 else int(sample_from_probs(processed_probs(after[t1 : t1 + 1], params), generator))
+        t2 = (
+            result.tokens[1]
+            if len(result.tokens) > 1
+            else int(sample_from_probs(processed_probs(after[t1 : t1 + 1], params), generator))
+        )
         counts[t1, t2] += 1
         deep += result.num_accepted == 2
     return counts.numpy(), deep

@@ -1,6 +1,7 @@
 """Tree speculation is lossless under greedy: the true continuation hidden at random depths and sibling
 positions among distractors is found, and the output equals plain greedy token for token, in fp32 and
 in bf16 (where a verification row computed differently from plain decoding flips near-ties)."""
+
 import pytest
 
 from speclm import LLM, SamplingParams

@@ -1,5 +1,6 @@
 """Synthetic tree proposers for tests: the true continuation hidden among distractors, and trees drawn
 from a known draft distribution; randomly perturbed Medusa / EAGLE heads."""
+
 from __future__ import annotations
 
 import random
@@ -15,8 +16,9 @@ def write_perturbed_heads(config: ModelConfig, root) -> dict[str, str]:
     """Randomly perturbed Medusa (3 heads, 64-token subset) and EAGLE (token_map) heads for a target
     of `config`, saved under root; {"medusa": dir, "eagle": dir}. Exactness must not depend on head quality."""
     g = torch.Generator().manual_seed(0)
-    medusa = MedusaHeads(config.hidden_size, config.vocab_size, 3,
-                         token_map=torch.randperm(config.vocab_size, generator=g)[:64])
+    medusa = MedusaHeads(
+        config.hidden_size, config.vocab_size, 3, token_map=torch.randperm(config.vocab_size, generator=g)[:64]
+    )
     eagle = EagleHead(config, token_map=torch.arange(0, config.vocab_size, 2))
     for head, scale in ((medusa, 0.2), (eagle, 0.5)):
         for p in head.parameters():
@@ -84,8 +86,14 @@ class TableTreeProposer(Proposer):
     name = "table-tree"
     proposes_trees = True
 
-    def __init__(self, prompt_len: int, q1: torch.Tensor, q2: dict[int, torch.Tensor], mode: str,
-                 widths: tuple[int, int] = (3, 2)) -> None:
+    def __init__(
+        self,
+        prompt_len: int,
+        q1: torch.Tensor,
+        q2: dict[int, torch.Tensor],
+        mode: str,
+        widths: tuple[int, int] = (3, 2),
+    ) -> None:
         self.prompt_len, self.q1, self.q2, self.mode, self.widths = prompt_len, q1, q2, mode, widths
 
     def start(self, prompt_ids, capacity) -> None:
