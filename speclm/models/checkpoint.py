@@ -94,9 +94,8 @@ def _libc():
 def return_big_frees_to_os(threshold: int = 1 << 20) -> None:
     """Serve allocations of >= 1 MB by mmap, so freeing them returns the memory to the OS at once.
     glibc otherwise raises its mmap threshold after the first big frees, and loading's per-layer fp32
-    temporaries then stay in the heap: peak RSS of loading SmolLM2 in int4 was 954 MB, 806 MB with this.
-    (Process-wide. Per decoded token nothing this big is allocated; a verification pass over 6+
-    rows, whose logits pass 1 MB, then pays one mmap.)"""
+    temporaries then stay in the heap, raising peak RSS. (Process-wide. Per decoded token nothing
+    this big is allocated; a verification pass over many rows, whose logits pass 1 MB, pays one mmap.)"""
     libc = _libc()
     if libc is not None:
         libc.mallopt(-3, threshold)  # M_MMAP_THRESHOLD
@@ -111,9 +110,8 @@ def trim_freed_memory() -> None:
 
 @contextmanager
 def single_threaded():
-    """Run torch ops on one thread for a while. Loading is many small elementwise ops, and on a
-    busy 2-core machine each multi-threaded op can stall ~40 ms waiting for its second thread
-    (measured: dequantizing a 1536x576 Q4_1 tensor took 250 ms on 2 threads, 1 ms on one)."""
+    """Run torch ops on one thread for a while. Loading is many small elementwise ops, and on a busy
+    machine each multi-threaded op can stall for tens of milliseconds waiting for its other threads."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
