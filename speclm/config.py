@@ -5,10 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SPEC_METHODS_HELP = (
-    "ngram | ngram:MAX_N | layerskip:N | draft:PATH | medusa:PATH[,width=W] | "
-    "eagle:PATH[,topk=T,beam=B,depth=D] (medusa/eagle: K is the tree's node budget; "
-    "eagle topk=1 drafts a chain of K)"
+    "ngram | ngram:MAX_N | layerskip:N | draft:PATH[,vocab=V,weights=FORMAT] | medusa:PATH[,width=W] | "
+    "eagle:PATH[,topk=T,beam=B,depth=D] (draft: vocab=V drafts over the V most frequent tokens, weights=q4_0 "
+    "runs the draft on 4-bit weights; medusa/eagle: K is the tree's node budget; eagle topk=1 drafts a chain of K)"
 )
+# draft:PATH options: vocab = size of the draft's output head (0: the whole vocabulary, or the token map a
+# distilled draft ships); weights = the draft's runtime format (see speclm.models.quant_linear.WEIGHTS_HELP).
+# branch = T in (0, 1): a token tree with the draft's second choice as a leaf where its first has
+# probability below T (0: a chain).
+DRAFT_OPTIONS = {"vocab": 0, "weights": "auto", "branch": 0.0}
 # Defaults sized for a CPU, where a verification pass over more than ~4 rows costs 2-6x a one-token
 # pass (benchmarks/tree_cost.md) and every draft depth costs an output-head matmul.
 HEAD_OPTIONS = {"medusa": {"width": 3}, "eagle": {"topk": 2, "beam": 2, "depth": 5}}
@@ -32,8 +37,8 @@ class SpecConfig:
             raise ValueError(f"--k must be in 1..32, got {self.num_speculative_tokens}")
         if self.method == "layerskip" and not (self.argument or "").isdigit():
             raise ValueError(f"layerskip needs a layer count, e.g. layerskip:4; got {self.argument!r}")
-        if self.method == "draft" and not self.argument:
-            raise ValueError("draft needs a model path, e.g. draft:/path/to/model.gguf")
+        if self.method == "draft":
+            self.draft_path_and_options()  # validates
         if self.method == "ngram" and self.argument is not None and not self.argument.isdigit():
             raise ValueError(f"ngram takes an optional maximum n, e.g. ngram:4; got {self.argument!r}")
         if self.method in HEAD_OPTIONS:
@@ -57,6 +62,27 @@ class SpecConfig:
             options[key] = int(value)
         return path, options
 
+    def draft_path_and_options(self) -> tuple[str, dict]:
+        """For draft: the model path and its options (defaults filled in)."""
+        path, *items = (self.argument or "").split(",")
+        if not path:
+            raise ValueError("draft needs a model path, e.g. draft:/path/to/model.gguf[,vocab=32768,weights=q4_0]")
+        options = dict(DRAFT_OPTIONS)
+        for item in items:
+            key, _, value = item.partition("=")
+            if key == "vocab" and value.isdigit():
+                options[key] = int(value)
+            elif key == "weights" and value:
+                options[key] = WeightFormat.parse(value).label  # ValueError for an unknown format
+            elif key == "branch" and _is_fraction(value):
+                options[key] = float(value)
+            else:
+                raise ValueError(
+                    f"bad draft option {item!r}; expected vocab=N (0 = all tokens), weights=FORMAT or "
+                    "branch=T (0 <= T < 1)"
+                )
+        return path, options
+
     @classmethod
     def parse(cls, spec: str, num_speculative_tokens: int = 4, adaptive: bool = True) -> SpecConfig:
         method, _, argument = spec.partition(":")
@@ -65,6 +91,13 @@ class SpecConfig:
     @property
     def label(self) -> str:
         return self.method if self.argument is None else f"{self.method}:{self.argument}"
+
+
+def _is_fraction(value: str) -> bool:
+    try:
+        return 0.0 <= float(value) < 1.0
+    except ValueError:
+        return False
 
 
 @dataclass
@@ -109,3 +142,46 @@ class CacheConfig:
         by_memory = int(self.kv_cache_mb * 2**20 // (bytes_per_token * self.block_size))
         by_demand = -(-self.max_num_seqs * context_length // self.block_size)
         return max(1, min(by_memory, by_demand))
+
+
+WEIGHT_FORMATS = ("auto", "fp32", "bf16", "int8", "int4", "q4_0")
+HEAD_ONLY_FORMATS = ("w8a8",)  # chosen by head_format, not by users
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+WEIGHTS_HELP = (
+    "auto (a GGUF file's own quantization types; fp32 for other files) | fp32 | bf16 | int8 | int4 | int4:GROUP "
+    "(GROUP in 32, 64, 128, 256; default 32) | q4_0 (linear layers re-quantized to GGUF Q4_0 on the same kernels "
+    "as auto; a GGUF's embedding and output head keep their types: a cheaper draft model)"
+)
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """A parsed --weights value: the format name and, for int4, the quantization group size."""
+
+    name: str = "fp32"
+    group_size: int = 32
+
+    def __post_init__(self) -> None:
+        if self.name not in WEIGHT_FORMATS + HEAD_ONLY_FORMATS:
+            raise ValueError(f"unknown weight format {self.name!r}; expected {WEIGHTS_HELP}")
+        if self.group_size not in INT4_GROUP_SIZES:
+            raise ValueError(f"int4 group size must be one of {INT4_GROUP_SIZES}, got {self.group_size}")
+
+    @classmethod
+    def parse(cls, value: str | WeightFormat | None) -> WeightFormat:
+        if value is None:
+            return cls()
+        if isinstance(value, WeightFormat):
+            return value
+        name, _, group = str(value).strip().lower().partition(":")
+        if name in HEAD_ONLY_FORMATS:
+            raise ValueError(f"unknown weight format {name!r}; expected {WEIGHTS_HELP}")
+        if group and name != "int4":
+            raise ValueError(f"only int4 takes a group size (int4:64); got {value!r}")
+        if group and not group.isdigit():
+            raise ValueError(f"int4 group size must be an integer, got {value!r}")
+        return cls(name, int(group) if group else 32)
+
+    @property
+    def label(self) -> str:
+        return f"int4:{self.group_size}" if self.name == "int4" and self.group_size != 32 else self.name

@@ -7,14 +7,14 @@ from collections.abc import Iterator
 
 import torch
 
-from speclm.config import CacheConfig, SpecConfig
+from speclm.config import CacheConfig, SpecConfig, WeightFormat
 from speclm.engine.engine import Engine
 from speclm.engine.model_runner import ModelRunner
 from speclm.engine.request import Request, RequestOutput, StreamChunk
-from speclm.models.checkpoint import ModelLoadError, build_model
+from speclm.models.builder import build_model
+from speclm.models.checkpoint import ModelLoadError
 from speclm.models.llama import LlamaModel
 from speclm.models.loader import load_checkpoint
-from speclm.models.quant_linear import WeightFormat
 from speclm.sampling_params import SamplingParams
 from speclm.speculative.factory import ProposerFactory
 from speclm.tokenizer import Tokenizer, load_tokenizer
@@ -30,7 +30,9 @@ class LLM:
     spec: None, or 'ngram', 'layerskip:N', 'draft:PATH', 'medusa:PATH', 'eagle:PATH' (see
     speclm.config.SPEC_METHODS_HELP for options); num_speculative_tokens is K (the maximum when
     adaptive; the node budget of medusa/eagle trees). weights: the runtime format of the linear
-    layers (see speclm.models.quant_linear). cache: the paged KV cache the engine runs on.
+    layers: auto (the default: a GGUF file's own quantization types, fp32 for other files) | fp32 |
+    bf16 | int8 | int4[:GROUP] (see speclm.models.quant_linear). cache: the paged KV cache the engine
+    runs on.
 
     generate() runs all its prompts together in one batch; each result equals that prompt run alone.
     """
@@ -43,14 +45,14 @@ class LLM:
         num_speculative_tokens: int = 4,
         adaptive: bool = True,
         threads: int | None = None,
-        weights: str | None = None,
+        weights: str | None = "auto",
         cache: CacheConfig | None = None,
     ) -> None:
         if threads is not None:
             if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
                 raise ValueError(f"threads must be a positive integer, got {threads!r}")
             torch.set_num_threads(threads)
-        self.weights = WeightFormat.parse(weights)  # a bad value fails before the slow load
+        self.weights = WeightFormat.parse(weights or "auto")  # a bad value fails before the slow load
         spec = SpecConfig.parse(spec, num_speculative_tokens, adaptive) if isinstance(spec, str) else spec
         checkpoint = load_checkpoint(model)
         self.model_path = checkpoint.source

@@ -36,9 +36,18 @@ def stories_llm():
 
 @pytest.fixture(scope="session")
 def default_llm():
+    """The default model in the default format (its GGUF file's own types)."""
     from speclm import LLM
 
     return LLM()
+
+
+@pytest.fixture(scope="session")
+def default_fp32_llm():
+    """The default model with its weights dequantized to fp32 (conformance with transformers)."""
+    from speclm import LLM
+
+    return LLM(weights="fp32")
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from speclm.config import SPEC_METHODS_HELP
-from speclm.models.quant_linear import WEIGHTS_HELP
+from speclm.config import SPEC_METHODS_HELP, WEIGHTS_HELP
 from speclm.sampling_params import SamplingParams
 
 
@@ -28,9 +27,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--weights",
         "--dtype",
         dest="weights",
-        default="fp32",
+        default="auto",
         metavar="FORMAT",
-        help=f"runtime weight format of the linear layers: {WEIGHTS_HELP}. Default fp32",
+        help=f"runtime weight format of the linear layers: {WEIGHTS_HELP}. Default auto",
     )
 
 

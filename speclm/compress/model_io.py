@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from speclm.models.checkpoint import Checkpoint, build_model
+from speclm.models.builder import build_model
+from speclm.models.checkpoint import Checkpoint
 from speclm.models.llama import LlamaModel
 from speclm.models.loader import load_checkpoint
 from speclm.tokenizer import Tokenizer, load_tokenizer

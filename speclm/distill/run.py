@@ -14,7 +14,7 @@ from speclm.distill.objectives import DraftObjective, EagleObjective, HeadSpace,
 from speclm.distill.prompts import training_prompts
 from speclm.distill.student import init_draft_model, save_draft_model, trainable_draft_parameters
 from speclm.distill.trainer import TrainConfig, Trainer
-from speclm.models.checkpoint import build_model
+from speclm.models.builder import build_model
 from speclm.models.loader import load_checkpoint
 from speclm.speculative.heads import EagleHead, MedusaHeads, save_head
 

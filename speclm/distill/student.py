@@ -12,7 +12,8 @@ from speclm.compress.model_io import model_to_tensors
 from speclm.compress.save import save_checkpoint
 from speclm.distill.losses import layer_map
 from speclm.models.attention import AttentionMetadata
-from speclm.models.checkpoint import Checkpoint, build_model
+from speclm.models.builder import build_model
+from speclm.models.checkpoint import Checkpoint
 from speclm.models.llama import LlamaModel
 from speclm.speculative.draft_model import TOKEN_MAP_FILE
 from speclm.tokenizer import Tokenizer

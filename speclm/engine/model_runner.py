@@ -26,7 +26,7 @@ class ModelRunner:
         return self.config.max_position_embeddings
 
     def new_paged_cache(self, num_blocks: int, block_size: int, quantize: bool = False) -> PagedKVCache:
-        c, device = self.config, self.model.embed_tokens.weight.device
+        c, device = self.config, self.model.device
         return PagedKVCache(
             c.num_layers, c.num_kv_heads, c.head_dim, num_blocks, block_size, self.model.attn_dtype, device, quantize
         )

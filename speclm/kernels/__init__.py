@@ -14,6 +14,8 @@ from types import ModuleType
 import torch
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+SOURCES = [SOURCE, Path(__file__).with_name("gguf_kernels.cpp")]
+HEADERS = [Path(__file__).with_name("gguf_kernels.h")]
 DISABLE_ENV = "SPECLM_CPU_KERNELS"  # "0": use torch's ops instead (slower; same tokens up to float near-ties)
 CACHE_ENV = "SPECLM_KERNEL_CACHE"  # where builds go (default ~/.cache/speclm/kernels)
 
@@ -29,9 +31,8 @@ def _cpu_signature() -> str:
 
 def build_name() -> str:
     """Extension name: one per source text, CPU and torch version."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + _cpu_signature().encode() + torch.__version__.encode()).hexdigest()[
-        :16
-    ]
+    text = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
+    digest = hashlib.sha256(text + _cpu_signature().encode() + torch.__version__.encode()).hexdigest()[:16]
     return f"speclm_cpu_kernels_{digest}"
 
 
@@ -51,7 +52,7 @@ def cpu_kernels() -> ModuleType | None:
     try:
         return cpp_extension.load(
             name=name,
-            sources=[str(SOURCE)],
+            sources=[str(s) for s in SOURCES],
             extra_cflags=["-O3", "-march=native", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             build_directory=str(build_dir),

@@ -9,6 +9,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "gguf_kernels.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -713,6 +715,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("w8a8_matmul", &w8a8_matmul, "fp32 x (int8 per row) @ int8 weights (AVX-512 VNNI), row-invariant",
         py::call_guard<py::gil_scoped_release>());
   m.def("w8a8_available", &w8a8_available, "whether w8a8_matmul was compiled (AVX-512 VNNI)");
+  m.def("gguf_pack", &gguf_pack, "repack a GGUF tensor's rows (raw bytes) for gguf_matmul",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("gguf_unpack_rows", &gguf_unpack_rows, "dequantize rows of a repacked GGUF tensor to fp32",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("gguf_matmul", &gguf_matmul, "fp32 x (int8 per row and block) @ repacked GGUF weights, row-invariant",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("gguf_select_rows", &gguf_select_rows, "a repacked GGUF tensor of some rows of another",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("gguf_record_bytes", &gguf_record_bytes, "bytes per repacked record (16 outputs x one GGUF block)");
+  m.def("gguf_available", &gguf_available, "whether gguf_matmul was compiled (AVX-512 VNNI)");
   m.def("dense_matmul", &dense_matmul, "x @ w.T (+ bias) for fp32 or bf16 weights [N, K], row-invariant, fp32 out",
         py::call_guard<py::gil_scoped_release>());
 }

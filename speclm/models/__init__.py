@@ -1,6 +1,7 @@
 """Model architectures and loading."""
 
-from speclm.models.checkpoint import Checkpoint, ModelLoadError, build_model
+from speclm.models.builder import build_model
+from speclm.models.checkpoint import Checkpoint, ModelLoadError
 from speclm.models.config import ModelConfig
 from speclm.models.llama import LlamaModel
 from speclm.models.loader import load_checkpoint

@@ -1,4 +1,4 @@
-"""Read GGUF files (llama.cpp's format) with the `gguf` package into a Checkpoint."""
+"""Read GGUF files (llama.cpp's format) into a Checkpoint whose tensors load lazily."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 
 from speclm.models.checkpoint import Checkpoint, ModelLoadError
 from speclm.models.config import ModelConfig
+from speclm.models.gguf_file import GGUFFile, GGUFFormatError, TensorInfo
 
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q8_K")
 
@@ -36,35 +37,27 @@ _GLOBAL_NAMES = {
 }
 
 
-def open_gguf(path: str):
-    """A GGUFReader, with format errors turned into a ModelLoadError naming the file.
-
-    Parsing the metadata (a 49k-token vocabulary takes seconds) happens once per file version: the
-    model loader and the tokenizer loader both open the same file.
-    """
+def open_gguf(path: str) -> GGUFFile:
+    """The file's metadata and tensor table, with format errors turned into a ModelLoadError naming the
+    file. Parsed once per file version: the model loader and the tokenizer loader both open it."""
     try:
         stat = os.stat(path)
     except OSError as e:
         raise ModelLoadError(f"{path}: cannot open GGUF file: {e}") from e
-    return _cached_reader(os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
+    return _cached_file(os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=2)
-def _cached_reader(path: str, mtime_ns: int, size: int):
-    import gguf
-
+def _cached_file(path: str, mtime_ns: int, size: int) -> GGUFFile:
     try:
-        return gguf.GGUFReader(path)
-    except (ValueError, OSError, IndexError, KeyError, AssertionError) as e:
+        return GGUFFile(path)
+    except (GGUFFormatError, OSError, ValueError) as e:
         raise ModelLoadError(f"{path}: not a readable GGUF file (truncated or corrupt?): {e}") from e
 
 
-def field_value(reader, key: str, default=None):
-    """The decoded value of a GGUF metadata field, or `default`."""
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
+def field_value(file: GGUFFile, key: str, default=None):
+    """A GGUF metadata field's value, or `default`."""
+    return file.fields.get(key, default)
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -88,9 +81,8 @@ def half_split_to_rope_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     return w.reshape(num_heads, 2, out_features // num_heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _blocks(t, block_bytes: int) -> torch.Tensor:
-    """The raw bytes of a quantized GGUF tensor as [rows, blocks, block_bytes] uint8 (a copy of the map)."""
-    raw = torch.from_numpy(np.array(t.data, dtype=np.uint8))  # [rows, row_bytes]
+def _blocks(raw: torch.Tensor, block_bytes: int) -> torch.Tensor:
+    """A quantized tensor's bytes [rows, row_bytes] as [rows, blocks, block_bytes] uint8."""
     return raw.reshape(raw.shape[0], -1, block_bytes)
 
 
@@ -126,21 +118,18 @@ def dequantize_q8_0(t) -> torch.Tensor:
 _TORCH_DEQUANTIZERS = {"Q4_0": dequantize_q4_0, "Q4_1": dequantize_q4_1, "Q8_0": dequantize_q8_0}
 
 
-def dequantize_tensor(t) -> torch.Tensor:
+def dequantize_tensor(file: GGUFFile, t: TensorInfo) -> torch.Tensor:
     """A GGUF tensor as fp32 in PyTorch's [out, in] orientation."""
     import gguf
 
-    kind = t.tensor_type.name
-    if kind not in SUPPORTED_TENSOR_TYPES:
-        raise ModelLoadError(f"tensor {t.name} has unsupported GGUF type {kind}")
-    shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-    if kind in _TORCH_DEQUANTIZERS:
-        return _TORCH_DEQUANTIZERS[kind](t).reshape(shape)
-    data = gguf.quants.dequantize(t.data, t.tensor_type)
-    array = np.ascontiguousarray(data, dtype=np.float32).reshape(shape)
-    if not array.flags.writeable:  # unquantized tensors are views of the read-only memory map
-        array = array.copy()
-    return torch.from_numpy(array)
+    if t.type_name not in SUPPORTED_TENSOR_TYPES:
+        raise ModelLoadError(f"tensor {t.name} has unsupported GGUF type {t.type_name}")
+    shape = tuple(reversed(t.shape))
+    raw = torch.frombuffer(file.read(t), dtype=torch.uint8).view(t.rows, -1)
+    if t.type_name in _TORCH_DEQUANTIZERS:
+        return _TORCH_DEQUANTIZERS[t.type_name](raw).reshape(shape)
+    data = gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType[t.type_name])
+    return torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32).reshape(shape))
 
 
 class LazyTensors(Mapping):
@@ -150,19 +139,50 @@ class LazyTensors(Mapping):
     whole fp32 model (peak memory), and nothing is dequantized twice in one build.
     """
 
-    def __init__(self, path: str, config: ModelConfig, tensors: dict) -> None:
-        self.path, self.config, self._tensors = path, config, tensors  # HF name -> ReaderTensor
+    def __init__(self, file: GGUFFile, config: ModelConfig, tensors: dict[str, TensorInfo]) -> None:
+        self.file, self.path, self.config, self._tensors = file, file.path, config, tensors  # HF name -> info
+
+    def __contains__(self, name: object) -> bool:  # (Mapping's default would load the tensor)
+        return name in self._tensors
 
     def __getitem__(self, name: str) -> torch.Tensor:
         t = self._tensors[name]
         try:
-            w = dequantize_tensor(t)
+            w = dequantize_tensor(self.file, t)
         except (ValueError, IndexError, RuntimeError) as e:
             raise ModelLoadError(f"{self.path}: corrupt tensor data in {t.name}: {e}") from e
         if self.config.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = self.config.num_heads if "q_proj" in name else self.config.num_kv_heads
             w = rope_rows_to_half_split(w, heads)
         return w
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape in PyTorch's [out, in] orientation, without reading it."""
+        return tuple(reversed(self._tensors[name].shape))
+
+    def type_name(self, name: str) -> str:
+        """The GGUF type of a tensor (Q4_K, F32, ...)."""
+        return self._tensors[name].type_name
+
+    def raw(self, name: str) -> torch.Tensor:
+        """A 2-d tensor's bytes as stored, [rows (outputs), row_bytes] uint8, read with a plain file read:
+        nothing of the file stays mapped in memory once the caller has repacked them."""
+        t = self._tensors[name]
+        buffer = torch.empty(t.n_bytes, dtype=torch.uint8)
+        try:
+            self.file.read(t, memoryview(buffer.numpy()))
+        except GGUFFormatError as e:
+            raise ModelLoadError(f"{self.path}: {e}") from e
+        return buffer.view(t.rows, -1)
+
+    def rotary_row_order(self, name: str) -> torch.Tensor | None:
+        """For llama GGUFs, the order taking q/k rows from llama.cpp's interleaved rotary layout to the
+        half-split one (what __getitem__ applies when it dequantizes); None for other tensors."""
+        if self.config.architecture != "llama" or not name.endswith(("q_proj.weight", "k_proj.weight")):
+            return None
+        heads = self.config.num_heads if "q_proj" in name else self.config.num_kv_heads
+        rows = self._tensors[name].rows
+        return rope_rows_to_half_split(torch.arange(rows)[:, None], heads).flatten()
 
     def __iter__(self):
         return iter(self._tensors)
@@ -171,7 +191,7 @@ class LazyTensors(Mapping):
         return len(self._tensors)
 
 
-def config_from_gguf(reader, path: str) -> ModelConfig:
+def config_from_gguf(reader: GGUFFile, path: str) -> ModelConfig:
     arch = field_value(reader, "general.architecture")
     if arch not in ("llama", "qwen2"):
         raise ModelLoadError(f"{path}: unsupported GGUF architecture {arch!r} (supported: llama, qwen2)")
@@ -222,19 +242,20 @@ def load_gguf(path: str) -> Checkpoint:
     for t in reader.tensors:
         if t.name == "rope_freqs.weight" and config.rope_scaling is None:
             # llama.cpp stores llama3-style rope scaling as per-frequency divisors in this tensor.
-            config.rope_scaling = {"rope_type": "freq_factors", "factors": dequantize_tensor(t).flatten().tolist()}
+            factors = dequantize_tensor(reader, t).flatten().tolist()
+            config.rope_scaling = {"rope_type": "freq_factors", "factors": factors}
             continue
         name = hf_name(t.name)
         if name is None:
             # Dropping a tensor we do not understand (an extra bias, say) would change the output.
             raise ModelLoadError(f"{path}: tensor {t.name!r} is not part of a model speclm can run")
-        if t.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
-            raise ModelLoadError(f"{path}: tensor {t.name} has unsupported GGUF type {t.tensor_type.name}")
+        if t.type_name not in SUPPORTED_TENSOR_TYPES:
+            raise ModelLoadError(f"{path}: tensor {t.name} has unsupported GGUF type {t.type_name}")
         tensors[name] = t
-        quant_types[name] = t.tensor_type.name
+        quant_types[name] = t.type_name
     return Checkpoint(
         config,
-        LazyTensors(path, config, tensors),
+        LazyTensors(reader, config, tensors),
         source=path,
         metadata={"format": "gguf", "gguf_tensor_types": quant_types},
     )

@@ -23,7 +23,12 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # (Passing a weight skips nn.Embedding's normal_ init: on a meta tensor that init imports torch's
+        # Python decompositions, tens of MB, for a table the loader replaces anyway.)
+        table = torch.empty(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=table)
+        if table.device.type != "meta":
+            nn.init.normal_(self.embed_tokens.weight)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config)
@@ -40,16 +45,19 @@ class LlamaModel(nn.Module):
         return self.norm.weight.dtype
 
     @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
+    @property
     def attn_dtype(self) -> torch.dtype:
         """The dtype of attention and the KV cache: fp32 on the CPU whatever the layers compute in (CPUs
         without bf16 arithmetic run bf16 attention many times slower), the layers' dtype elsewhere."""
-        return torch.float32 if self.embed_tokens.weight.device.type == "cpu" else self.act_dtype
+        return torch.float32 if self.device.type == "cpu" else self.act_dtype
 
     def new_cache(self, capacity: int, num_layers: int | None = None) -> KVCache:
         """An empty KV cache for one sequence of up to `capacity` tokens."""
         c = self.config
-        device = self.embed_tokens.weight.device
-        return KVCache(num_layers or c.num_layers, c.num_kv_heads, c.head_dim, capacity, self.attn_dtype, device)
+        return KVCache(num_layers or c.num_layers, c.num_kv_heads, c.head_dim, capacity, self.attn_dtype, self.device)
 
     def use_lean_ops(self, enabled: bool = True) -> None:
         """Run `forward` (inference) and `compute_logits` through closures over the layers' tensors

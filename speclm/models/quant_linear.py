@@ -5,54 +5,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from speclm.config import WeightFormat
 from speclm.kernels import cpu_kernels
 from speclm.models.quantizers import COMPUTE_DTYPE, quantize_int4, quantize_int8
 from speclm.models.w8a8_linear import W8A8Linear, w8a8_supported
-
-WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
-HEAD_ONLY_FORMATS = ("w8a8",)  # chosen by head_format, not by users
-INT4_GROUP_SIZES = (32, 64, 128, 256)
-WEIGHTS_HELP = "fp32 | bf16 | int8 | int4 | int4:GROUP (GROUP in 32, 64, 128, 256; default 32)"
-
-
-@dataclass(frozen=True)
-class WeightFormat:
-    """A parsed --weights value: the format name and, for int4, the quantization group size."""
-
-    name: str = "fp32"
-    group_size: int = 32
-
-    def __post_init__(self) -> None:
-        if self.name not in WEIGHT_FORMATS + HEAD_ONLY_FORMATS:
-            raise ValueError(f"unknown weight format {self.name!r}; expected {WEIGHTS_HELP}")
-        if self.group_size not in INT4_GROUP_SIZES:
-            raise ValueError(f"int4 group size must be one of {INT4_GROUP_SIZES}, got {self.group_size}")
-
-    @classmethod
-    def parse(cls, value: str | WeightFormat | None) -> WeightFormat:
-        if value is None:
-            return cls()
-        if isinstance(value, WeightFormat):
-            return value
-        name, _, group = str(value).strip().lower().partition(":")
-        if name in HEAD_ONLY_FORMATS:
-            raise ValueError(f"unknown weight format {name!r}; expected {WEIGHTS_HELP}")
-        if group and name != "int4":
-            raise ValueError(f"only int4 takes a group size (int4:64); got {value!r}")
-        if group and not group.isdigit():
-            raise ValueError(f"int4 group size must be an integer, got {value!r}")
-        return cls(name, int(group) if group else 32)
-
-    @property
-    def label(self) -> str:
-        return f"int4:{self.group_size}" if self.name == "int4" and self.group_size != 32 else self.name
 
 
 # -- runtime modules -------------------------------------------------------------------------------
@@ -225,7 +187,13 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: WeightForm
         return Int8Linear(weight, bias)
     if fmt.name == "w8a8":
         return W8A8Linear(weight, bias)
-    return Int4Linear(weight, bias, fmt.group_size)
+    if fmt.name == "int4":
+        return Int4Linear(weight, bias, fmt.group_size)
+    if fmt.name == "q4_0":
+        from speclm.models.gguf_weights import GGUFLinear, quantized_segment
+
+        return GGUFLinear([quantized_segment(weight, "Q4_0")], weight.shape[1], bias)
+    raise ValueError(f"make_linear: no layer for weight format {fmt.label!r}")
 
 
 def dense_kernel(weight: torch.Tensor, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -267,8 +235,8 @@ def head_format(fmt: WeightFormat) -> WeightFormat:
     """The lm_head's format under `fmt`: int4 models get a w8a8 head (int8 weights and per-row int8
     activations). GGUF heads and embeddings are usually 8-bit, and 4 bits lose too much of them,
     while the w8a8 kernel reads the head at memory speed (benchmarks/kernels.md). Torch builds
-    without fbgemm (ARM) keep the int8 weight-only head."""
-    if fmt.name != "int4":
+    without fbgemm (ARM) keep the int8 weight-only head. q4_0 heads are w8a8 for the same reason."""
+    if fmt.name not in ("int4", "q4_0"):
         return fmt
     return WeightFormat("w8a8") if w8a8_supported() else WeightFormat("int8")
 
@@ -278,7 +246,7 @@ def convert_linear_layers(model: nn.Module, weights: str | WeightFormat, include
     so that only one fp32 weight is alive beyond the model's own. The lm_head is converted too
     (its weight may be tied to the embedding, which keeps its fp32 table for exact lookups)."""
     fmt = WeightFormat.parse(weights)
-    if fmt.name == "fp32":
+    if fmt.name in ("fp32", "auto"):  # auto: file types are kept at load; anything added later stays fp32
         return model
     targets = [
         (name, module)

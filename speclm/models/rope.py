@@ -14,7 +14,9 @@ from speclm.models.config import ModelConfig
 def unscaled_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
     """theta^(-2i/head_dim) for i < head_dim/2, float64, before any rope_scaling."""
     dim = config.head_dim
-    return 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    # Computed on the CPU even inside a meta-device context (the model's skeleton): arithmetic on meta
+    # tensors imports torch's symbolic-shape machinery, tens of MB, for tables rebuilt after loading.
+    return 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim))
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
@@ -26,7 +28,7 @@ def rope_inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
     if kind in ("default", None):
         return inv_freq.float(), 1.0
     if kind == "freq_factors":  # llama.cpp's rope_freqs tensor: per-frequency divisors (llama3 GGUFs)
-        factors = torch.tensor(scaling["factors"], dtype=torch.float64)
+        factors = torch.tensor(scaling["factors"], dtype=torch.float64, device="cpu")
         if factors.shape != inv_freq.shape:
             raise ValueError(f"rope freq_factors has {factors.numel()} values, expected {inv_freq.numel()}")
         return (inv_freq / factors).float(), 1.0
@@ -55,7 +57,7 @@ def rope_inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
 
         low = max(math.floor(correction_dim(beta_fast)), 0)
         high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
-        ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0, 1)
+        ramp = ((torch.arange(dim // 2, dtype=torch.float64, device="cpu") - low) / max(high - low, 1e-3)).clamp(0, 1)
         extrapolation_weight = 1 - ramp
         inv = (inv_freq / factor) * (1 - extrapolation_weight) + inv_freq * extrapolation_weight
         attention_factor = scaling.get("attention_factor") or (0.1 * math.log(factor) + 1.0)

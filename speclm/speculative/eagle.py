@@ -41,6 +41,9 @@ class EagleProposer(Proposer):
         if topk < 1 or beam < 1 or depth < 1:
             raise ValueError(f"eagle needs topk, beam and depth >= 1, got {topk}, {beam}, {depth}")
         self.head, self.embed, self.name = head, target.embed_tokens, name
+        # The head's rows compute in its input embeddings' dtype (fp32 from a GGUF table, else the table's).
+        self.act_dtype = self.embed(torch.zeros(1, dtype=torch.long)).dtype
+        self.device = target.device
         self.lm_head = draft_lm_head(target.lm_head, head.token_map)
         self.token_map = head.token_map
         self.topk, self.beam, self.depth = topk, beam, depth
@@ -57,8 +60,8 @@ class EagleProposer(Proposer):
         return other
 
     def start(self, prompt_ids: list[int], capacity: int) -> None:
-        c, p = self.head.target_config, self.embed.weight  # the activations' dtype (the head may be quantized)
-        self.cache = KVCache(1, c.num_kv_heads, c.head_dim, capacity + self.beam * self.depth + 1, p.dtype, p.device)
+        c, slots = self.head.target_config, capacity + self.beam * self.depth + 1
+        self.cache = KVCache(1, c.num_kv_heads, c.head_dim, slots, self.act_dtype, self.device)
         self.rows, self.pending, self.last = 0, [], None
 
     def add_features(self, features: torch.Tensor) -> None:  # [n, hidden]

@@ -188,10 +188,11 @@ def draft_lm_head(lm_head: nn.Module, token_map: torch.Tensor | None) -> nn.Modu
     token_map[j]) in the target head's runtime format (a quantized head has no fp32 `.weight`)."""
     if token_map is None:
         return lm_head
+    from speclm.models.gguf_weights import GGUFLinear
     from speclm.models.quant_linear import BF16Linear, QuantizedLinear, WeightFormat, make_linear
     from speclm.models.w8a8_linear import W8A8Linear
 
-    if isinstance(lm_head, W8A8Linear):
+    if isinstance(lm_head, (W8A8Linear, GGUFLinear)):  # the subset's rows on the head's own grid
         return lm_head.rows(token_map)
     if isinstance(lm_head, QuantizedLinear):  # int8 for an int8/int4 head (V' need not suit int4 packing)
         weight = lm_head.dequantized_weight()[token_map]  # [V', hidden]

@@ -157,7 +157,7 @@ def test_loader_is_off_with_the_environment_switch_and_warns_when_the_build_fail
         monkeypatch.delenv(kernels_module.DISABLE_ENV)
         broken = tmp_path / "cpu_kernels.cpp"
         broken.write_text("#error this source does not compile\n")
-        monkeypatch.setattr(kernels_module, "SOURCE", broken)
+        monkeypatch.setattr(kernels_module, "SOURCES", [broken])
         monkeypatch.setenv(kernels_module.CACHE_ENV, str(tmp_path / "builds"))
         kernels_module.cpu_kernels.cache_clear()
         assert kernels_module.cpu_kernels() is None

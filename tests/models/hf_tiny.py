@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from speclm.models.attention import AttentionMetadata
-from speclm.models.checkpoint import build_model
+from speclm.models.builder import build_model
 from speclm.models.loader import load_checkpoint
 
 TINY = dict(

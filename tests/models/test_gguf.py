@@ -11,6 +11,7 @@ import torch
 
 from speclm.compress.gguf_export import export_gguf, gguf_name
 from speclm.models.checkpoint import ModelLoadError
+from speclm.models.gguf_file import GGUFFile
 from speclm.models.gguf_loader import (
     dequantize_tensor,
     field_value,
@@ -69,7 +70,8 @@ def typed_gguf(tmp_path_factory):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return {t.name: t for t in gguf.GGUFReader(path).tensors}, raw
+    file = GGUFFile(path)
+    return {t.name: (file, t) for t in file.tensors}, raw
 
 
 # max abs error of quantizing N(0, 1) values, a loose bound per type
@@ -80,7 +82,7 @@ QUANT_ERROR = {"F32": 0.0, "F16": 2e-3, "BF16": 2e-2, "Q8_0": 3e-2, "Q4_0": 0.5,
 def test_tensor_type_dequantizes_like_the_reference(kind, typed_gguf):
     tensors, raw = typed_gguf
     data, source = raw[kind]
-    got = dequantize_tensor(tensors[kind])  # [rows, cols], torch fp32
+    got = dequantize_tensor(*tensors[kind])  # [rows, cols], torch fp32
     assert got.dtype == torch.float32 and tuple(got.shape) == (ROWS, COLS)
     if kind in ("F32", "F16"):
         expected = data.astype(np.float32)
@@ -96,7 +98,7 @@ def test_tensor_type_dequantizes_like_the_reference(kind, typed_gguf):
 def test_unsupported_tensor_type_is_a_clear_error(typed_gguf):
     tensors, _ = typed_gguf
     with pytest.raises(ModelLoadError, match="TQ1_0"):
-        dequantize_tensor(tensors["TQ1_0"])
+        dequantize_tensor(*tensors["TQ1_0"])
 
 
 def test_rope_row_permutations_are_inverses():
@@ -224,18 +226,19 @@ def hf_default():
 
 
 def test_default_model_tensor_types():
-    reader = open_gguf(default_model_path())  # the loader's cached reader
-    kinds = {t.tensor_type.name for t in reader.tensors}
+    file = open_gguf(default_model_path())  # the loader's cached metadata
+    kinds = {t.type_name for t in file.tensors}
     assert kinds == {"F32", "Q4_1", "Q8_0"}
     for kind in ("Q4_1", "Q8_0"):  # the real file's blocks decode like the reference decoder
-        t = min((t for t in reader.tensors if t.tensor_type.name == kind), key=lambda t: int(t.n_elements))
-        cols = int(t.shape[0])
-        expected = dequantize_rows(np.asarray(t.data).reshape(-1, np.asarray(t.data).shape[-1]), kind, cols)
-        np.testing.assert_allclose(dequantize_tensor(t).numpy().reshape(-1, cols), expected, rtol=1e-6, atol=1e-7)
+        t = min((t for t in file.tensors if t.type_name == kind), key=lambda t: t.n_bytes)
+        cols = t.shape[0]
+        raw = np.frombuffer(file.read(t), dtype=np.uint8).reshape(t.rows, -1)
+        expected = dequantize_rows(raw, kind, cols)
+        np.testing.assert_allclose(dequantize_tensor(file, t).numpy().reshape(-1, cols), expected, rtol=1e-6, atol=1e-7)
 
 
-def test_default_model_logits_match_transformers(default_llm, hf_default):
-    tokenizer, model = default_llm.tokenizer, default_llm.model
+def test_default_model_logits_match_transformers(default_fp32_llm, hf_default):
+    tokenizer, model = default_fp32_llm.tokenizer, default_fp32_llm.model
     worst = 0.0
     for prompt in PROMPTS:
         ids = tokenizer.encode(prompt)
@@ -247,11 +250,11 @@ def test_default_model_logits_match_transformers(default_llm, hf_default):
     assert worst <= 5e-4, worst
 
 
-def test_default_model_32_greedy_tokens_match_transformers(default_llm, hf_default):
+def test_default_model_32_greedy_tokens_match_transformers(default_fp32_llm, hf_default):
     """Our 32 greedy tokens are transformers' greedy choice at every step (teacher-forced in one pass)."""
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
-    out = default_llm.generate(PROMPTS[1], params)[0]
-    ids = default_llm.tokenizer.encode(PROMPTS[1])
+    out = default_fp32_llm.generate(PROMPTS[1], params)[0]
+    ids = default_fp32_llm.tokenizer.encode(PROMPTS[1])
     assert len(out.token_ids) == 32
     theirs = hf_logits(hf_default, ids + out.token_ids)[len(ids) - 1 : -1]  # [32, vocab]
     assert theirs.argmax(-1).tolist() == out.token_ids

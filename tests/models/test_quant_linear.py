@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from speclm import LLM, SamplingParams
 from speclm.models.attention import AttentionMetadata
-from speclm.models.checkpoint import build_model
+from speclm.models.builder import build_model
 from speclm.models.loader import load_checkpoint
 from speclm.models.quant_linear import (
     BF16Linear,
@@ -114,17 +114,18 @@ def test_torch_gguf_dequantization_equals_gguf_reference():
     import gguf
     import numpy as np
 
-    from speclm.models.gguf_loader import dequantize_tensor
+    from speclm.models.gguf_loader import dequantize_tensor, open_gguf
     from speclm.models.loader import default_model_path
 
-    reader = gguf.GGUFReader(default_model_path())
+    file = open_gguf(default_model_path())
     seen = set()
-    for t in reader.tensors:
-        kind = t.tensor_type.name
+    for t in file.tensors:
+        kind = t.type_name
         if kind in ("Q4_1", "Q8_0") and kind not in seen:
             seen.add(kind)
-            ours = dequantize_tensor(t)
-            ref = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+            ours = dequantize_tensor(file, t)
+            raw = np.frombuffer(file.read(t), dtype=np.uint8).reshape(t.rows, -1)
+            ref = np.asarray(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind]), dtype=np.float32)
             assert torch.equal(ours, torch.from_numpy(ref.reshape(ours.shape).copy())), t.name
     assert seen == {"Q4_1", "Q8_0"}
 

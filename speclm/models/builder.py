@@ -1,0 +1,228 @@
+"""Building the decoder from a Checkpoint: one procedure (names, shapes, fusion of QKV and gate/up), two
+sources of layers: float weights converted to an explicit runtime format, or a GGUF file's tensors
+kept on their own grids (the `auto` format)."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import torch
+from torch import nn
+
+from speclm.models.checkpoint import (
+    Checkpoint,
+    ModelLoadError,
+    format_advice,
+    return_big_frees_to_os,
+    single_threaded,
+    trim_freed_memory,
+)
+from speclm.models.gguf_weights import (
+    NATIVE_TYPES,
+    GGUFEmbedding,
+    GGUFLinear,
+    Segment,
+    native_kernels,
+    quantized_segment,
+    requantized,
+)
+from speclm.models.layers import RMSNorm
+from speclm.models.llama import LlamaModel
+from speclm.models.quant_linear import COMPUTE_DTYPE, WeightFormat, head_format, make_linear
+
+
+def build_model(
+    checkpoint: Checkpoint,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    weights: str | WeightFormat | None = None,
+) -> LlamaModel:
+    """Instantiate the decoder from the checkpoint, fusing QKV and gate/up, with its linear layers in
+    the runtime format `weights`: fp32 (the default here) | bf16 | int8 | int4[:GROUP] | auto (a GGUF
+    file's own types where speclm's kernels run them; fp32 for anything else).
+
+    Layers are built one at a time, so at most one layer's float weights exist beside the model.
+    """
+    fmt = WeightFormat.parse(weights)
+    native = native_source_applies(checkpoint)
+    if fmt.name == "auto" and not native:
+        fmt = WeightFormat("fp32")
+    advice = format_advice(checkpoint, fmt)
+    if advice:
+        warnings.warn(advice, stacklevel=2)
+    if fmt.name != "fp32" and (dtype != torch.float32 or device != "cpu"):
+        raise ValueError(f"--weights {fmt.label} runs on the CPU with fp32 activations; got {dtype} on {device}")
+    return_big_frees_to_os()
+    if native and fmt.name in ("auto", "q4_0"):
+        source = NativeSource(checkpoint, requantize="Q4_0" if fmt.name == "q4_0" else None)
+    else:
+        source = FloatSource(checkpoint, fmt, dtype, device)
+    with single_threaded():
+        model = _build(checkpoint, source, dtype, device)
+    trim_freed_memory()
+    model.weight_format = fmt
+    return model.eval()
+
+
+def native_source_applies(checkpoint: Checkpoint) -> bool:
+    """GGUF files run on their own grids where the kernels exist (CPU with AVX-512 VNNI)."""
+    return checkpoint.metadata.get("format") == "gguf" and native_kernels() is not None
+
+
+class FloatSource:
+    """Layers from float tensors (dequantized GGUF, safetensors, llama2.c) in an explicit format."""
+
+    def __init__(self, checkpoint: Checkpoint, fmt: WeightFormat, dtype: torch.dtype, device: str) -> None:
+        self.t, self.fmt, self.dtype, self.device = checkpoint.tensors, fmt, dtype, device
+
+    def tensor(self, name: str) -> torch.Tensor:
+        return self.t[name].to(device=self.device, dtype=self.dtype)
+
+    def linear(self, names: list[str], bias: torch.Tensor | None, head: bool = False) -> nn.Module:
+        weight = torch.cat([self.tensor(n) for n in names]) if len(names) > 1 else self.tensor(names[0])
+        return make_linear(weight, bias, head_format(self.fmt) if head else self.fmt)
+
+    def embedding(self, name: str) -> nn.Module:
+        weight = self.tensor(name)
+        module = nn.Embedding(*weight.shape, device="meta")
+        module.weight = nn.Parameter(weight, requires_grad=False)
+        return module
+
+    def tied_head(self, embedding: nn.Module) -> nn.Module:
+        if self.fmt.name == "fp32":  # the same tensor; a quantized head keeps its own copy, the lookup stays exact
+            head = make_linear(embedding.weight, None, self.fmt)
+            head.weight = embedding.weight
+            return head
+        return make_linear(embedding.weight, None, head_format(self.fmt))
+
+
+class NativeSource:
+    """Layers on a GGUF file's own grids, repacked tensor by tensor from the file's bytes (no float copy
+    of the model); tensors of other types (F32, F16, ...) become fp32 layers. With `requantize` (a GGUF
+    type name) the decoder layers' linear tensors are converted to that type; the embedding and the
+    output head keep theirs."""
+
+    def __init__(self, checkpoint: Checkpoint, requantize: str | None = None) -> None:
+        self.t = checkpoint.tensors  # speclm.models.gguf_loader.LazyTensors
+        self.requantize = requantize
+        self.floats = FloatSource(checkpoint, WeightFormat("fp32"), torch.float32, "cpu")
+
+    def tensor(self, name: str) -> torch.Tensor:
+        return self.t[name]
+
+    def _part(self, name: str) -> Segment | torch.Tensor:
+        type_name = self.t.type_name(name)
+        if type_name not in NATIVE_TYPES:
+            return self.t[name]
+        return Segment.from_raw(type_name, self.t.raw(name), self.t.rotary_row_order(name))
+
+    def linear(self, names: list[str], bias: torch.Tensor | None, head: bool = False) -> nn.Module:
+        parts = [self._part(n) for n in names]
+        in_features = self.t.shape_of(names[0])[1]
+        if self.requantize and not head:
+            parts = [
+                requantized(p, in_features, self.requantize)
+                if isinstance(p, Segment)
+                else quantized_segment(p, self.requantize)
+                for p in parts
+            ]
+        if all(isinstance(p, Segment) for p in parts):
+            return GGUFLinear(parts, in_features, bias)
+        # A fused layer with a float part: the whole layer in fp32 (exactly the file's values).
+        kernels = native_kernels()
+        weight = torch.cat(
+            [
+                p
+                if isinstance(p, torch.Tensor)
+                else kernels.gguf_unpack_rows(p.packed, p.type_id, in_features, torch.arange(p.out_features))
+                for p in parts
+            ]
+        )
+        return make_linear(weight, bias, WeightFormat("fp32"))
+
+    def embedding(self, name: str) -> nn.Module:
+        part = self._part(name)
+        if isinstance(part, Segment):
+            return GGUFEmbedding(part, self.t.shape_of(name)[1])
+        return self.floats.embedding(name)
+
+    def tied_head(self, embedding: nn.Module) -> nn.Module:
+        if isinstance(embedding, GGUFEmbedding):
+            return embedding.as_linear()
+        return self.floats.tied_head(embedding)
+
+
+def _build(checkpoint: Checkpoint, source: FloatSource | NativeSource, dtype: torch.dtype, device: str) -> LlamaModel:
+    config, names = checkpoint.config, checkpoint.tensors
+    with torch.device("meta"):
+        model = LlamaModel(config)
+    used: set[str] = set()
+
+    def take(name: str, shape: tuple[int, ...]) -> str:
+        used.add(name)
+        if name not in names:
+            raise ModelLoadError(f"{checkpoint.source}: missing tensor {name!r}")
+        found = tuple(names.shape_of(name))
+        if found != tuple(shape):
+            raise ModelLoadError(f"{checkpoint.source}: tensor {name} has shape {found}, config implies {tuple(shape)}")
+        return name
+
+    def param(module: nn.Module, attr: str, name: str) -> None:
+        value = source.tensor(take(name, getattr(module, attr).shape)).to(device=device, dtype=dtype)
+        setattr(module, attr, nn.Parameter(value, requires_grad=False))
+
+    def linear(
+        parent: nn.Module, attr: str, parts: list[str], bias_parts: list[str] | None = None, head: bool = False
+    ) -> None:
+        meta = getattr(parent, attr)
+        rows = [names.shape_of(p)[0] for p in parts]
+        for p, n in zip(parts, rows):
+            take(p, (n, meta.weight.shape[1]))
+        if sum(rows) != meta.weight.shape[0]:
+            raise ModelLoadError(
+                f"{checkpoint.source}: {', '.join(parts)} give {sum(rows)} outputs, config implies "
+                f"{meta.weight.shape[0]}"
+            )
+        bias = None
+        if bias_parts:
+            bias = torch.cat([source.tensor(take(b, (n,))) for b, n in zip(bias_parts, rows)]).float()
+        setattr(parent, attr, source.linear(parts, bias, head))
+
+    e = "model.embed_tokens.weight"
+    model.embed_tokens = source.embedding(take(e, (config.vocab_size, config.hidden_size)))
+    param(model.norm, "weight", "model.norm.weight")
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        param(layer.input_layernorm, "weight", p + "input_layernorm.weight")
+        param(layer.post_attention_layernorm, "weight", p + "post_attention_layernorm.weight")
+        qkv = [p + f"self_attn.{x}_proj.weight" for x in "qkv"]
+        qkv_bias = [p + f"self_attn.{x}_proj.bias" for x in "qkv"] if config.attention_bias else None
+        linear(layer.self_attn, "qkv_proj", qkv, qkv_bias)
+        o_bias = [p + "self_attn.o_proj.bias"] if config.attention_output_bias else None
+        linear(layer.self_attn, "o_proj", [p + "self_attn.o_proj.weight"], o_bias)
+        linear(layer.mlp, "gate_up_proj", [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
+        linear(layer.mlp, "down_proj", [p + "mlp.down_proj.weight"])
+    if config.tie_word_embeddings:
+        model.lm_head = source.tied_head(model.embed_tokens)
+    else:
+        linear(model, "lm_head", ["lm_head.weight"], head=True)
+    ignorable = ("lm_head.weight",) if config.tie_word_embeddings else ()
+    unused = sorted(k for k in names if k not in used and k not in ignorable and not k.endswith("rotary_emb.inv_freq"))
+    if unused:
+        # A dropped tensor (an unsupported bias, say) would silently change the model's output.
+        raise ModelLoadError(
+            f"{checkpoint.source}: tensors speclm's {config.architecture} model does not use: "
+            f"{', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''} (unsupported model feature)"
+        )
+    model.rotary = type(model.rotary)(config).to(device)  # buffers were on meta
+    if isinstance(source, FloatSource) and source.fmt.name in ("bf16", "int8", "int4"):
+        # The quantized kernels take bf16 inputs: bf16 norm weights make every norm emit bf16, so the
+        # linear layers run in bf16 without per-linear casts; the residual stream, the embedding
+        # lookup, and on the CPU attention with its KV cache (LlamaModel.attn_dtype) stay fp32.
+        for module in model.modules():
+            if isinstance(module, RMSNorm):
+                module.weight = nn.Parameter(module.weight.detach().to(COMPUTE_DTYPE), requires_grad=False)
+    left = [n for n, x in itertools.chain(model.named_parameters(), model.named_buffers()) if x.is_meta]
+    assert not left, f"build_model left tensors unset: {left}"
+    return model

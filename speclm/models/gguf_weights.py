@@ -1,0 +1,142 @@
+"""GGUF-native weights: linear layers and embeddings that keep each tensor's own quantization grid
+(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), repacked by speclm's kernels (gguf_kernels.cpp).
+
+A layer's memory is about its tensor's size in the file, the matmul quantizes each activation row to
+int8 as llama.cpp does, and every row's result depends on that row only (exact speculation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from speclm.kernels import cpu_kernels
+
+# GGML type ids (gguf.GGMLQuantizationType) the kernels run on their own grid.
+NATIVE_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+NO_ORDER = torch.empty(0, dtype=torch.long)
+
+
+def native_kernels():
+    """speclm's compiled kernels when they run GGUF-native weights here (CPU with AVX-512 VNNI), else None."""
+    kernels = cpu_kernels()
+    return kernels if kernels is not None and kernels.gguf_available() else None
+
+
+@dataclass
+class Segment:
+    """One tensor's rows of a GGUF-native layer: `packed` holds `out_features` outputs of type `type_name`."""
+
+    type_name: str
+    packed: torch.Tensor  # uint8, the kernels' layout
+    out_features: int
+
+    @property
+    def type_id(self) -> int:
+        return NATIVE_TYPES[self.type_name]
+
+    @classmethod
+    def from_raw(cls, type_name: str, raw: torch.Tensor, order: torch.Tensor | None = None) -> Segment:
+        """Repack a tensor's bytes (raw [out, row_bytes] uint8, as stored in the file); output i is raw
+        row order[i] when an order is given."""
+        packed = native_kernels().gguf_pack(raw, NATIVE_TYPES[type_name], NO_ORDER if order is None else order)
+        return cls(type_name, packed, raw.shape[0])
+
+
+QUANTIZE_ROWS = 4096  # rows converted at a time: bounds the float temporaries
+
+
+def quantized_segment(weight: torch.Tensor, type_name: str) -> Segment:
+    """fp32 weight [out, in] quantized to a GGUF type the gguf package can write (Q4_0, Q8_0, ...), repacked."""
+    import gguf
+
+    kind = gguf.GGMLQuantizationType[type_name]
+    raw = [torch.from_numpy(gguf.quants.quantize(chunk.float().numpy(), kind)) for chunk in weight.split(QUANTIZE_ROWS)]
+    return Segment.from_raw(type_name, torch.cat(raw))
+
+
+def requantized(segment: Segment, in_features: int, type_name: str) -> Segment:
+    """A segment converted to another GGUF type (its weights dequantized a few thousand rows at a time)."""
+    if segment.type_name == type_name:
+        return segment
+    kernels, rows = native_kernels(), torch.arange(segment.out_features)
+    parts = [
+        kernels.gguf_unpack_rows(segment.packed, segment.type_id, in_features, chunk)
+        for chunk in rows.split(QUANTIZE_ROWS)
+    ]
+    return quantized_segment(torch.cat(parts), type_name)
+
+
+class GGUFLinear(nn.Module):
+    """y = x @ W.T + b where W's rows are one or more GGUF tensors on their own grids (a fused QKV
+    projection may mix types); fp32 in and out."""
+
+    def __init__(self, segments: list[Segment], in_features: int, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.segments, self.in_features = segments, in_features
+        self.out_features = sum(s.out_features for s in segments)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+        for i, s in enumerate(segments):  # buffers, so .to()/state_dict see them
+            self.register_buffer(f"packed_{i}", s.packed, persistent=False)
+
+    def op(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """forward as a closure over this layer's tensors (LayerOps)."""
+        op = native_kernels().gguf_matmul
+        packed = [s.packed for s in self.segments]
+        types = [s.type_id for s in self.segments]
+        sizes = [s.out_features for s in self.segments]
+        bias = self.bias if self.bias is not None else NO_ORDER.float()
+        return lambda x: op(x if x.dtype == torch.float32 else x.float(), packed, types, sizes, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.op()(x)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The fp32 [out, in] weight this layer computes with (activation rounding aside)."""
+        kernels = native_kernels()
+        return torch.cat(
+            [
+                kernels.gguf_unpack_rows(s.packed, s.type_id, self.in_features, torch.arange(s.out_features))
+                for s in self.segments
+            ]
+        )
+
+    def rows(self, index: torch.Tensor) -> GGUFLinear:
+        """A layer computing only output rows `index` of this one, on the same grid (a draft head over a
+        token subset). Only single-segment layers (heads) are cut."""
+        assert len(self.segments) == 1, "rows() cuts a single-tensor layer"
+        s, kernels = self.segments[0], native_kernels()
+        packed = kernels.gguf_select_rows(s.packed, s.type_id, self.in_features, index)
+        bias = None if self.bias is None else self.bias[index]
+        return GGUFLinear([Segment(s.type_name, packed, len(index))], self.in_features, bias)
+
+    def extra_repr(self) -> str:
+        types = "+".join(f"{s.type_name}x{s.out_features}" for s in self.segments)
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features} ({types}), bias={self.bias is not None}"
+        )
+
+
+class GGUFEmbedding(nn.Module):
+    """A token-embedding table kept on its GGUF grid; a lookup dequantizes the rows it needs (fp32)."""
+
+    def __init__(self, segment: Segment, embedding_dim: int) -> None:
+        super().__init__()
+        self.segment, self.embedding_dim = segment, embedding_dim
+        self.num_embeddings = segment.out_features
+        self.register_buffer("packed", segment.packed, persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # [n] -> [n, dim]
+        kernels = native_kernels()
+        rows = kernels.gguf_unpack_rows(self.segment.packed, self.segment.type_id, self.embedding_dim, tokens.flatten())
+        return rows.view(*tokens.shape, self.embedding_dim)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return self(torch.arange(self.num_embeddings))
+
+    def as_linear(self) -> GGUFLinear:
+        """The same table as an output head (tied embeddings): no second copy."""
+        return GGUFLinear([self.segment], self.embedding_dim)

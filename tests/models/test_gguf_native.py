@@ -1,0 +1,83 @@
+"""GGUF-native weights: every supported tensor type runs on its own grid. The repacked weights
+dequantize to exactly what the gguf package decodes from the file, the matmul equals an fp64 product
+with the same int8-quantized activations (llama.cpp's scheme) to float rounding, and a row's result
+does not depend on the other rows."""
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from speclm.models.gguf_weights import NATIVE_TYPES, GGUFLinear, Segment, native_kernels
+
+T = gguf.GGMLQuantizationType
+pytestmark = pytest.mark.skipif(native_kernels() is None, reason="no AVX-512 VNNI kernels here")
+
+
+def raw_tensor(kind: str, rows: int, cols: int, rng) -> np.ndarray:
+    """[rows, row_bytes] of one type: quantized by gguf where it can, else random blocks with sane scales."""
+    if kind in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
+        return gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32) * 0.05, T[kind])
+    block_weights, block_bytes = gguf.GGML_QUANT_SIZES[T[kind]]
+    blocks = rng.integers(0, 256, (rows, cols // block_weights, block_bytes), dtype=np.uint8)
+    scales = rng.uniform(1e-3, 2e-2, (rows, cols // block_weights, 2)).astype(np.float16).view(np.uint8)
+    if kind == "Q6_K":
+        blocks[..., 208:210] = scales[..., :2]
+    else:  # d then dmin lead the block
+        blocks[..., 0:4] = scales
+    return blocks.reshape(rows, -1)
+
+
+def quantized_activations(x: np.ndarray, k_quant: bool) -> np.ndarray:
+    """What the kernel multiplies: each row quantized per 32 (Q8_0, fp16 scale) or per 256 (Q8_K)."""
+    out, block = np.empty_like(x), 256 if k_quant else 32
+    for r in range(x.shape[0]):
+        for b in range(x.shape[1] // block):
+            v = x[r, b * block : (b + 1) * block]
+            if k_quant:
+                big = v[np.argmax(np.abs(v))]
+                scale = np.float32(-127.0) / big
+                q, d = np.minimum(127, np.rint(scale * v)), np.float32(1.0) / scale
+            else:
+                d = np.float32(np.abs(v).max() / np.float32(127))
+                q, d = np.rint(v * (np.float32(1) / d)), np.float32(np.float16(d))
+            out[r, b * block : (b + 1) * block] = q * d
+    return out
+
+
+@pytest.mark.parametrize("kind", list(NATIVE_TYPES))
+def test_native_type_equals_the_gguf_package_and_is_row_invariant(kind):
+    rng = np.random.default_rng(NATIVE_TYPES[kind])
+    rows, cols = 37, 512  # an output count that is not a multiple of 16
+    raw = raw_tensor(kind, rows, cols, rng)
+    reference = gguf.quants.dequantize(raw, T[kind]).reshape(rows, cols)
+    layer = GGUFLinear([Segment.from_raw(kind, torch.from_numpy(np.ascontiguousarray(raw)))], cols)
+    assert np.array_equal(layer.dequantized_weight().numpy(), reference)
+    x = torch.randn(9, cols, generator=torch.Generator().manual_seed(1))
+    y = layer(x)
+    exact = quantized_activations(x.numpy(), kind.endswith("_K")).astype(np.float64) @ reference.astype(np.float64).T
+    np.testing.assert_allclose(y.numpy(), exact, rtol=2e-6, atol=2e-6 * np.abs(exact).max())
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(9)])
+    assert torch.equal(y, alone)
+
+
+def test_fused_segments_of_different_types_and_row_order():
+    """A fused projection whose parts have different types (QKV with a Q6_K value projection), packed
+    rows in a given order (llama's rotary permutation), and a row subset (a draft head's token map)."""
+    rng = np.random.default_rng(0)
+    parts = {"Q4_K": raw_tensor("Q4_K", 48, 256, rng), "Q6_K": raw_tensor("Q6_K", 16, 256, rng)}
+    order = torch.randperm(48, generator=torch.Generator().manual_seed(0))
+    segments = [
+        Segment.from_raw("Q4_K", torch.from_numpy(parts["Q4_K"]), order),
+        Segment.from_raw("Q6_K", torch.from_numpy(parts["Q6_K"])),
+    ]
+    layer = GGUFLinear(segments, 256, bias=torch.arange(64.0))
+    weights = [gguf.quants.dequantize(parts[k], T[k]).reshape(-1, 256) for k in ("Q4_K", "Q6_K")]
+    expected = np.concatenate([weights[0][order.numpy()], weights[1]])
+    assert np.array_equal(layer.dequantized_weight().numpy(), expected)
+    x = torch.randn(3, 256)
+    separate = torch.cat([GGUFLinear([s], 256)(x) for s in segments], dim=1) + torch.arange(64.0)
+    assert torch.equal(layer(x), separate)
+    single = GGUFLinear([segments[0]], 256)
+    subset = torch.tensor([5, 0, 47, 16, 3])
+    assert torch.equal(single.rows(subset).dequantized_weight(), single.dequantized_weight()[subset])
