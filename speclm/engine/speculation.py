@@ -30,6 +30,7 @@ class Speculation:
     proposal: Proposal | None = None
     proposer_seconds: float = 0.0
     num_features: int = 0  # positions whose target features the proposer holds (feature proposers)
+    num_verified: int = 0  # verification passes so far (the first proposal also caught up on the prompt)
 
     @classmethod
     def of(cls, proposer: Proposer, max_k: int, adaptive: bool) -> Speculation:
@@ -84,7 +85,15 @@ class Speculation:
         """Teach the proposer and the K controller what this verification showed."""
         self.proposer.update(result.num_accepted)
         depth = None if tree.is_chain() else tree.max_depth
-        self.controller.record(tree.num_nodes, result.num_accepted, self.proposer_seconds, target_seconds, depth)
+        self.controller.record(
+            tree.num_nodes,
+            result.num_accepted,
+            self.proposer_seconds,
+            target_seconds,
+            depth,
+            catch_up=self.num_verified == 0,
+        )
+        self.num_verified += 1
         self.proposal = None
 
     def record_plain_step(self, seconds: float) -> None:

@@ -1,4 +1,4 @@
-"""Adaptive speculation length: choose K from measured acceptance and measured costs."""
+"""Adaptive speculation length: choose K from measured acceptance per draft position and measured costs."""
 
 from __future__ import annotations
 
@@ -8,66 +8,124 @@ from dataclasses import dataclass, field
 
 @dataclass
 class SpeculationController:
-    """Picks K each step to maximise expected tokens per second, and turns speculation off when
-    plain decoding is faster.
+    """Picks K each step to maximise expected tokens per second; K = 0 when plain decoding is faster.
 
-    With per-token acceptance probability a, a step proposing K tokens yields on average
-    (1 - a^(K+1)) / (1 - a) tokens and costs target_time(K) + K * draft_time. Both times and a are
-    running averages of what this request measured. After switching off, it probes again later.
-    For token trees K is the node budget and `depth_of(K)` the depth such a tree reaches: the
-    acceptance is then per level, and a budget of K yields tokens as a chain of depth_of(K) would.
+    Expected tokens of a step with K drafts: 1 + sum over j = 1..d of prod over i < j of a_i, where a_i
+    is the measured probability that draft position i is accepted once positions before it were, and
+    d = K for a chain (depth_of(K) for a token tree, whose K is a node budget). Cost: the measured
+    verification time for K plus K times the measured cost of one drafted token.
+
+    What keeps the estimates honest:
+    - a proposal that made the proposer catch up on a whole prompt (the first of a sequence) is not
+      counted as drafting cost: that is prefill, paid once, not per drafted token;
+    - verification times are measured per K; a K not measured yet is estimated from a straight line
+      through the ones that were (a pass costs about linearly more per row);
+    - acceptance counts decay, so the estimates follow the text as it changes;
+    - when speculation is off, a probe step with a small K re-measures acceptance every
+      `probe_interval` steps (the interval doubles, up to `max_probe_interval`, while probes keep
+      failing), so a request that turned speculation off early can turn it back on.
     """
 
     max_k: int
     adaptive: bool = True
     smoothing: float = 0.2
-    probe_interval: int = 16
-    acceptance: float = 0.7  # prior until measured
-    draft_time: float | None = None  # seconds per proposed token
-    target_time: dict[int, float] = field(default_factory=dict)  # K -> seconds per verification pass
+    probe_interval: int = 8
+    max_probe_interval: int = 64
+    probe_k: int = 2
+    prior_acceptance: float = 0.7
+    prior_weight: float = 1.0
     depth_of: Callable[[int], int] | None = None  # tree proposers: node budget -> tree depth
+    draft_time: float | None = None  # seconds per drafted token (steady state)
+    target_time: dict[int, float] = field(default_factory=dict)  # K -> seconds per verification pass
+    hits: list[float] = field(default_factory=list)  # decayed counts per draft position
+    tries: list[float] = field(default_factory=list)
     _steps_off: int = 0
+    _interval: int = 0
+    _probing: bool = False
 
+    # -- choosing K ----------------------------------------------------------------------
     def next_k(self) -> int:
         if not self.adaptive:
             return self.max_k
         if self._steps_off > 0:
             self._steps_off -= 1
+            if self._steps_off == 0:  # re-measure with a small proposal
+                self._probing = True
+                return min(self.probe_k, self.max_k)
             return 0
         if self.draft_time is None or not self.target_time:
             return self.max_k
-        best_k, best_rate = 0, 1.0 / self._target(0)
+        best_k, best_rate = 0, 1.0 / self.target_seconds(0)
         for k in range(1, self.max_k + 1):
-            rate = self.expected_tokens(k) / (self._target(k) + k * self.draft_time)
+            rate = self.expected_tokens(k) / (self.target_seconds(k) + k * self.draft_time)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         if best_k == 0:
-            self._steps_off = self.probe_interval
+            self._interval = min(self.max_probe_interval, 2 * self._interval) if self._interval else self.probe_interval
+            self._steps_off = self._interval
+        else:
+            self._interval = 0
         return best_k
 
-    def expected_tokens(self, k: int) -> float:
-        k = self.depth_of(k) if self.depth_of is not None else k
-        a = min(self.acceptance, 0.999)
-        return (1 - a ** (k + 1)) / (1 - a)
+    def acceptance(self, position: int) -> float:
+        """P(draft `position` is accepted | the ones before it were), with a prior for few observations."""
+        if position >= len(self.tries):
+            position = len(self.tries) - 1  # deeper than ever measured: as deep as measured
+        if position < 0:
+            return self.prior_acceptance
+        w = self.prior_weight
+        return (self.hits[position] + w * self.prior_acceptance) / (self.tries[position] + w)
 
-    def _target(self, k: int) -> float:
+    def expected_tokens(self, k: int) -> float:
+        depth = self.depth_of(k) if self.depth_of is not None else k
+        total, reach = 1.0, 1.0
+        for i in range(depth):
+            reach *= min(self.acceptance(i), 0.999)
+            total += reach
+        return total
+
+    def target_seconds(self, k: int) -> float:
+        """Measured time of a verification pass over K drafts, or a straight-line estimate from the measured Ks."""
         if k in self.target_time:
             return self.target_time[k]
-        nearest = min(self.target_time, key=lambda m: abs(m - k))
-        return self.target_time[nearest]
+        points = sorted(self.target_time.items())
+        if len(points) == 1:
+            return points[0][1]
+        n = len(points)
+        mean_k, mean_t = sum(p for p, _ in points) / n, sum(t for _, t in points) / n
+        slope = sum((p - mean_k) * (t - mean_t) for p, t in points) / sum((p - mean_k) ** 2 for p, _ in points)
+        return max(mean_t + max(slope, 0.0) * (k - mean_k), min(t for _, t in points))
 
+    # -- measurements --------------------------------------------------------------------
     def record(
-        self, k: int, num_accepted: int, proposer_seconds: float, target_seconds: float, depth: int | None = None
+        self,
+        k: int,
+        num_accepted: int,
+        proposer_seconds: float,
+        target_seconds: float,
+        depth: int | None = None,
+        catch_up: bool = False,
     ) -> None:
-        """Fold one step's measurements into the running averages; `depth` is a tree's depth (a
-        path ending there saw no rejection), None for a chain of k."""
+        """Fold one step into the estimates. `depth`: a tree's depth (None: a chain of k); `catch_up`:
+        the proposer also caught up on a whole prompt this time, so its time is not drafting cost."""
         s = self.smoothing
         previous = self.target_time.get(k)
         self.target_time[k] = target_seconds if previous is None else (1 - s) * previous + s * target_seconds
         if k == 0:
             return
-        per_token = proposer_seconds / k
-        self.draft_time = per_token if self.draft_time is None else (1 - s) * self.draft_time + s * per_token
-        # Each step shows num_accepted successes and, if it stopped early, one failure.
-        observed = num_accepted / (num_accepted + (1 if num_accepted < (depth or k) else 0))
-        self.acceptance = (1 - s) * self.acceptance + s * observed
+        if not catch_up:
+            per_token = proposer_seconds / k
+            self.draft_time = per_token if self.draft_time is None else (1 - s) * self.draft_time + s * per_token
+        reached = min(num_accepted + 1, depth or k)  # positions tried: the accepted ones and the first rejection
+        while len(self.tries) < reached:
+            self.hits.append(0.0)
+            self.tries.append(0.0)
+        for i in range(len(self.tries)):
+            self.hits[i] *= 1 - s / 2
+            self.tries[i] *= 1 - s / 2
+        for i in range(reached):
+            self.tries[i] += 1.0
+            self.hits[i] += 1.0 if i < num_accepted else 0.0
+        if self._probing:
+            self._probing = False
+            self._steps_off = 0

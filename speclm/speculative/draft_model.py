@@ -95,22 +95,30 @@ class DraftModelProposer(Proposer):
         full[:, self.token_map] = probs
         return full
 
-    def propose(
-        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
-    ) -> Proposal:
+    def _catch_up(self, context: list[int]) -> torch.Tensor:
+        """Keep the cached prefix that agrees with the committed context, feed the rest; the logits
+        after the context's last token ([1, vocab] or over the token map)."""
         keep = 0
         limit = min(len(self.cached_ids), len(context) - 1)  # always re-feed the last token for its logits
         while keep < limit and self.cached_ids[keep] == context[keep]:
             keep += 1
         self.cache.truncate(keep)
         del self.cached_ids[keep:]
-        logits = self._feed(context[keep:])
+        return self._feed(context[keep:])
+
+    def _token(self, index: int) -> int:
+        """A head column's token id (an index into the token map when there is one)."""
+        return index if self.token_map is None else int(self.token_map[index])
+
+    def propose(
+        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
+        logits = self._catch_up(context)
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         for i in range(k):
             if params.greedy:
-                best = int(logits.argmax(-1))  # an index into the token map when there is one
-                token = best if self.token_map is None else int(self.token_map[best])
+                token = self._token(int(logits.argmax(-1)))
             else:
                 q = self._full_vocab(processed_probs(logits, params))  # [1, vocab]
                 token = int(sample_from_probs(q, generator))
@@ -119,3 +127,40 @@ class DraftModelProposer(Proposer):
             if i + 1 < k:
                 logits = self._feed([token])
         return Proposal(tokens, torch.stack(probs) if probs else None)
+
+
+class DraftTreeProposer(DraftModelProposer):
+    """A draft model's chain with its second choice as an extra leaf wherever it is unsure (top-1
+    probability below `branch`): those rows cost no extra draft pass (the logits are there), only
+    verification rows, and catch the target's choice where the draft's first guess misses. Greedy
+    requests only; sampled ones get the exact sampled chain. K is the node budget (chain + leaves)."""
+
+    proposes_trees = True
+
+    def __init__(self, model: LlamaModel, branch: float, **kwargs) -> None:
+        super().__init__(model, **kwargs)
+        if not 0.0 < branch < 1.0:
+            raise ValueError(f"draft branch threshold must be in (0, 1), got {branch}")
+        self.branch = branch
+
+    def propose(
+        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
+        if not params.greedy:
+            return super().propose(context, k, params, generator)
+        logits = self._catch_up(context)
+        tokens: list[int] = []
+        parents: list[int] = []
+        parent = -1
+        while len(tokens) < k:
+            top = torch.topk(torch.softmax(logits[0].float(), dim=-1), 2)
+            tokens.append(self._token(int(top.indices[0])))
+            parents.append(parent)
+            node = len(tokens) - 1
+            if float(top.values[0]) < self.branch and len(tokens) < k:  # unsure: the runner-up as a leaf
+                tokens.append(self._token(int(top.indices[1])))
+                parents.append(parent)
+            parent = node
+            if len(tokens) < k:
+                logits = self._feed([tokens[node]])
+        return Proposal(tokens, None, parents)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import torch
+
 from speclm.config import HEAD_OPTIONS, SpecConfig
-from speclm.models.checkpoint import build_model
+from speclm.models.builder import build_model
 from speclm.models.llama import LlamaModel
 from speclm.models.loader import load_checkpoint
 from speclm.models.quant_linear import WeightFormat, convert_linear_layers
-from speclm.speculative.draft_model import DraftModelProposer, load_token_map
+from speclm.speculative.draft_model import DraftModelProposer, DraftTreeProposer, load_token_map
 from speclm.speculative.eagle import EagleProposer
 from speclm.speculative.heads import load_head
 from speclm.speculative.medusa import MedusaProposer
@@ -39,15 +41,23 @@ class ProposerFactory:
             return DraftModelProposer(self.target, num_layers=n, name=spec.label)
         if spec.method in HEAD_OPTIONS:
             return self._head_proposer(spec)
-        draft = build_model(load_checkpoint(spec.argument), weights=self.weights)
-        if draft.config.vocab_size != self.target.config.vocab_size:
+        return self._draft_proposer(spec)
+
+    def _draft_proposer(self, spec: SpecConfig) -> Proposer:
+        path, options = spec.draft_path_and_options()
+        draft = build_model(load_checkpoint(path), weights=options["weights"])
+        vocab = draft.config.vocab_size
+        if vocab != self.target.config.vocab_size:
             raise ValueError(
-                f"draft model {spec.argument} has vocabulary {draft.config.vocab_size}, "
-                f"the target {self.target.config.vocab_size}; they must share a tokenizer"
+                f"draft model {path} has vocabulary {vocab}, the target "
+                f"{self.target.config.vocab_size}; they must share a tokenizer"
             )
-        return DraftModelProposer(
-            draft, name=spec.label, token_map=load_token_map(spec.argument, draft.config.vocab_size)
-        )
+        token_map = load_token_map(path, vocab)
+        if token_map is None and 0 < options["vocab"] < vocab:
+            token_map = frequent_tokens(options["vocab"], vocab, draft.config.eos_token_ids)
+        if options["branch"]:
+            return DraftTreeProposer(draft, options["branch"], name=spec.label, token_map=token_map)
+        return DraftModelProposer(draft, name=spec.label, token_map=token_map)
 
     def _head_proposer(self, spec: SpecConfig) -> Proposer:
         path, options = spec.head_path_and_options()
@@ -58,3 +68,12 @@ class ProposerFactory:
         if spec.method == "medusa":
             return MedusaProposer(self.target, head, name=spec.label, **options)
         return EagleProposer(self.target, head, name=spec.label, **options)
+
+
+def frequent_tokens(count: int, vocab_size: int, always: list[int]) -> torch.Tensor:
+    """The `count` lowest token ids plus `always` (end-of-turn tokens): byte-level BPE vocabularies
+    number tokens in the order their merges were learned, so low ids are the frequent ones. A draft
+    over them never proposes the rest; the target still verifies over the whole vocabulary."""
+    ids = torch.arange(count)
+    extra = torch.tensor(sorted({t for t in always if t >= count and t < vocab_size}), dtype=torch.long)
+    return torch.cat([ids, extra])

@@ -1,4 +1,5 @@
-"""Adaptive speculation length."""
+"""Adaptive speculation length: K from per-position acceptance and measured costs, prompt catch-up not
+counted as drafting cost, and probes that can turn speculation back on."""
 
 from speclm.speculative.controller import SpeculationController
 
@@ -15,14 +16,27 @@ def test_high_acceptance_cheap_draft_uses_max_k():
     assert c.next_k() == 8
 
 
-def test_low_acceptance_expensive_draft_turns_speculation_off_then_probes_again():
-    c = SpeculationController(max_k=4, probe_interval=3)
+def test_a_costly_first_proposal_does_not_switch_speculation_off():
+    """The first proposal makes a draft model prefill the prompt: ten times a drafted token's cost.
+    Counted as drafting cost it made speculation look hopeless; it must not."""
+    c = SpeculationController(max_k=4)
+    c.record(0, 0, 0.0, 0.030)  # a plain pass: 30 ms
+    c.record(4, 4, 0.400, 0.036, catch_up=True)  # prompt prefill inside the first proposal
+    feed(c, 4, 4, 0.006, 0.036, times=3)  # then 6 ms per drafted token, all accepted
+    assert c.next_k() == 4
+    assert abs(c.draft_time - 0.006) < 1e-9
+
+
+def test_low_acceptance_turns_speculation_off_and_probes_bring_it_back():
+    c = SpeculationController(max_k=4, probe_interval=3, probe_k=2)
     c.record(0, 0, 0.0, 0.010)
     feed(c, 4, 0, 0.004, 0.012)
     assert c.next_k() == 0
-    assert [c.next_k() for _ in range(3)] == [0, 0, 0]
-    c.acceptance = 0.95  # things changed: a probe step may speculate again
-    c.draft_time = 0.0001
+    assert [c.next_k() for _ in range(3)] == [0, 0, 2]  # off, then a probe step
+    c.record(2, 0, 0.008, 0.011)  # the probe failed too: off for twice as long
+    assert [c.next_k() for _ in range(7)] == [0] * 6 + [2]
+    for _ in range(12):  # the text changed: probes are now accepted
+        c.record(2, 2, 0.001, 0.011)
     assert c.next_k() > 0
 
 
@@ -32,6 +46,23 @@ def test_moderate_acceptance_picks_intermediate_k():
     feed(c, 2, 1, 0.002, 0.011)
     k = c.next_k()
     assert 1 <= k < 8
+
+
+def test_acceptance_is_measured_per_position():
+    """Draft 1 always accepted, draft 2 never: the chance of using a third draft is zero, and the
+    expected tokens of K >= 2 stop growing at 2."""
+    c = SpeculationController(max_k=6, prior_weight=0.01)
+    for _ in range(40):
+        c.record(4, 1, 0.004, 0.02)
+    assert c.acceptance(0) > 0.99 and c.acceptance(1) < 0.01
+    assert abs(c.expected_tokens(1) - 2.0) < 0.02 and abs(c.expected_tokens(6) - c.expected_tokens(2)) < 0.02
+
+
+def test_unmeasured_k_costs_follow_a_line_through_the_measured_ones():
+    c = SpeculationController(max_k=8)
+    c.record(0, 0, 0.0, 0.010)
+    c.record(4, 4, 0.001, 0.014)
+    assert abs(c.target_seconds(2) - 0.012) < 1e-9 and abs(c.target_seconds(8) - 0.018) < 1e-9
 
 
 def test_fixed_k_when_not_adaptive():
@@ -48,4 +79,4 @@ def test_tree_budget_counts_tokens_by_depth_not_nodes():
     assert tree.expected_tokens(16) == tree.expected_tokens(2) < chain.expected_tokens(16)
     tree.record(16, 2, 0.001, 0.02, depth=2)
     chain.record(16, 2, 0.001, 0.02)
-    assert tree.acceptance > chain.acceptance
+    assert tree.acceptance(2) > chain.acceptance(2)  # the chain saw a rejection at its third draft, the tree none

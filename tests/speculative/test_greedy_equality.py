@@ -95,3 +95,17 @@ def test_default_model_speculative_greedy_equals_plain_greedy(
         assert out.token_ids == reference[i], (method, i)
         drafted += out.stats.drafted_tokens
     assert drafted > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", ["vocab=8192,weights=q4_0", "vocab=8192,weights=q4_0,branch=0.9"])
+def test_default_model_draft_options_are_exact(default_llm, specbench_prompts, options):
+    """The default model (on its GGUF file's own types) drafted by itself re-quantized to Q4_0 with an
+    output head over its 8192 most frequent tokens, as a chain and as a tree where it is unsure:
+    greedy output equals plain greedy, and drafts are accepted."""
+    prompts = default_model_prompts(specbench_prompts, default_llm.tokenizer, count=6, max_prompt_tokens=150)
+    reference = [o.token_ids for o in default_llm.generate(prompts, DEFAULT_PARAMS)]
+    llm = default_llm.with_spec(f"draft:{default_llm.model_path},{options}", num_speculative_tokens=4, adaptive=False)
+    outs = llm.generate(prompts, DEFAULT_PARAMS)
+    assert [o.token_ids for o in outs] == reference
+    assert sum(o.stats.accepted_tokens for o in outs) > 0
