@@ -1,0 +1,195 @@
+"""speclm and llama.cpp on the same GGUF files, each engine in a fresh process of its own: peak
+memory, load to first token, greedy agreement (tokens matched before the first divergence, and the
+logit gap there in llama.cpp's logits) and decoding speed, prompts interleaved.
+
+python -m speclm.bench.gguf_peers --llama-python PYTHON [--models default,target,pair] --out benchmarks/NAME
+
+PYTHON is a Python with llama-cpp-python installed (`pip install speclm[bench]`, or a venv of its own so
+that llama.cpp's memory is measured without torch); the pair comes from `make pair`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+WORKER = str(Path(__file__).with_name("llama_worker.py"))
+
+
+class Worker:
+    """An engine in its own process (speclm/bench/llama_worker.py's protocol); `spawned_at` for load timing."""
+
+    def __init__(self, command: list[str], threads: int) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+        self.spawned_at = time.time()
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        ready = json.loads(self.proc.stdout.readline() or "{}")
+        if not ready.get("ready"):
+            raise RuntimeError(f"worker {command} did not start (exit {self.proc.poll()})")
+
+    def ask(self, **job) -> dict:
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker died (exit {self.proc.wait()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+def prompts_for(tokenizer, count: int) -> list[dict]:
+    """Half coding prompts of speclm's own, half Spec-Bench prompts of several categories, chat-templated."""
+    from speclm.data import CODING_PROMPTS, SPECBENCH_PROMPTS, load_prompts
+
+    coding = load_prompts(CODING_PROMPTS)[: count // 2]
+    general = [p for p in load_prompts(SPECBENCH_PROMPTS, per_category=1) if len(p["text"]) < 1500]
+    rows = coding + general[: count - len(coding)]
+    return [
+        {
+            "id": p["id"],
+            "category": p["category"],
+            "ids": tokenizer.encode_chat([{"role": "user", "content": p["text"]}]),
+        }
+        for p in rows
+    ]
+
+
+def compare(
+    model: str, draft: str | None, llama_python: str, threads: int, prompts: list[dict], max_tokens: int
+) -> dict:
+    """Both engines on one model (with the draft loaded too when given): memory, load, agreement, speed."""
+    speclm_cmd = [sys.executable, "-m", "speclm.bench.speclm_worker", model, str(threads), "auto"]
+    speclm_cmd += [f"draft:{draft}"] if draft else []
+    llama_cmd = [llama_python, WORKER, model, str(threads)] + ([draft] if draft else [])
+    result = {}
+    workers = {"speclm": Worker(speclm_cmd, threads), "llama.cpp": Worker(llama_cmd, threads)}
+    try:
+        for name, w in workers.items():  # load to first token: process start to the first generated token
+            first = w.ask(job="generate", ids=prompts[0]["ids"], max_tokens=1)["first_token_at"]
+            result[name] = {"load_to_first_token_s": first - w.spawned_at}
+        runs = {name: [] for name in workers}
+        for p in prompts:  # interleaved: a drift in the machine's load hits both engines alike
+            for name, w in workers.items():
+                runs[name].append(w.ask(job="generate", ids=p["ids"], max_tokens=max_tokens))
+        for name in workers:
+            tokens = sum(len(r["tokens"]) for r in runs[name])
+            result[name]["tokens_per_s"] = tokens / sum(r["seconds"] for r in runs[name])
+            result[name]["tokens_per_s_median_prompt"] = statistics.median(
+                len(r["tokens"]) / r["seconds"] for r in runs[name]
+            )
+        agreement = []
+        for p, ours, theirs in zip(prompts, runs["speclm"], runs["llama.cpp"]):
+            a, b = ours["tokens"], theirs["tokens"]
+            i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            row = {"id": p["id"], "category": p["category"], "matched": i}
+            if i < min(len(a), len(b)):  # the gap in llama.cpp's own logits: its choice minus ours
+                logits = workers["llama.cpp"].ask(job="logits", ids=p["ids"] + b[:i], candidates=[b[i], a[i]])["logits"]
+                row["logit_gap"] = logits[0] - logits[1]
+            agreement.append(row)
+        result["agreement"] = agreement
+        for name, w in workers.items():
+            result[name]["peak_rss_mb"] = w.ask(job="memory")["peak_rss_mb"]
+    finally:
+        for w in workers.values():
+            w.close()
+    return result
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        f"# speclm vs llama.cpp on the same GGUF files ({report['threads']} threads)",
+        "",
+        f"Command: `{report['command']}`",
+        "",
+        f"Machine: {report['machine'].get('cpu')}, {report['machine'].get('cores')} cores, torch "
+        f"{report['machine'].get('torch')}. llama.cpp: {report['llama_cpp']}. Each engine runs in a fresh process "
+        "of its own (llama.cpp's without torch); speclm uses `--weights auto` (each tensor on its file's grid). "
+        "Load to first token: process start (interpreter, imports, model load, prompt) to the first generated "
+        f"token. Speed: {report['max_tokens']} greedy tokens per prompt, EOS ignored, engines interleaved per "
+        "prompt, prefill included. Peak RSS: VmHWM after all runs.",
+        "",
+        "| model | engine | peak RSS MB | RSS vs llama.cpp | load to first token s | vs llama.cpp | tokens/s "
+        "| vs llama.cpp |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, r in report["results"].items():
+        ll = r["llama.cpp"]
+        for name in ("speclm", "llama.cpp"):
+            e = r[name]
+            load, ll_load = e["load_to_first_token_s"], ll["load_to_first_token_s"]
+            lines.append(
+                f"| {label} | {name} | {e['peak_rss_mb']:.0f} | {e['peak_rss_mb'] / ll['peak_rss_mb']:.2f}x "
+                f"| {load:.2f} | {load / ll_load:.2f}x "
+                f"| {e['tokens_per_s']:.1f} | {e['tokens_per_s'] / ll['tokens_per_s']:.2f}x |"
+            )
+    lines += [
+        "",
+        f"Greedy agreement ({report['max_tokens']} tokens): tokens before the first divergence from "
+        "llama.cpp's output, and there the gap between llama.cpp's logit for its own token and for speclm's.",
+        "",
+        "| model | prompt | category | matched | logit gap at divergence |",
+        "|---|---|---|---:|---:|",
+    ]
+    for label, r in report["results"].items():
+        for a in r["agreement"]:
+            gap = f"{a['logit_gap']:.3f}" if "logit_gap" in a else "-"
+            lines.append(f"| {label} | {a['id']} | {a['category']} | {a['matched']} | {gap} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from speclm.bench.machine import machine_info
+    from speclm.data.pair import pair_path
+    from speclm.models.loader import default_model_path
+    from speclm.tokenizer import load_tokenizer
+
+    p = argparse.ArgumentParser(prog="python -m speclm.bench.gguf_peers", description=__doc__.split("\n\n")[0])
+    p.add_argument("--llama-python", required=True, help="a Python executable with llama-cpp-python installed")
+    p.add_argument("--llama-cpp", default="llama-cpp-python", help="how that llama.cpp was built (for the report)")
+    p.add_argument("--models", default="default,target,pair", help="default, target (the 1.5B), pair (+ the 0.5B)")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default=None, help="write OUT.json and OUT.md")
+    args = p.parse_args(argv)
+    wanted = args.models.split(",")
+    if any(m in wanted for m in ("target", "pair")) and not pair_path("target"):
+        raise SystemExit("the real pair is missing: run `make pair` first")
+    models = {
+        "default": (default_model_path(), None),
+        "target": (pair_path("target"), None),
+        "pair": (pair_path("target"), pair_path("draft")),
+    }
+    results = {}
+    for label in wanted:
+        model, draft = models[label]
+        prompts = prompts_for(load_tokenizer(model, None), args.prompts)
+        print(f"{label}: {len(prompts)} prompts ...", file=sys.stderr, flush=True)
+        results[label] = compare(model, draft, args.llama_python, args.threads, prompts, args.max_tokens)
+    report = {
+        "command": "python -m speclm.bench.gguf_peers " + " ".join(argv or sys.argv[1:]),
+        "machine": machine_info(),
+        "threads": args.threads,
+        "max_tokens": args.max_tokens,
+        "llama_cpp": args.llama_cpp,
+        "results": results,
+    }
+    table = markdown(report)
+    print(table)
+    if args.out:
+        Path(f"{args.out}.json").write_text(json.dumps(report, indent=1))
+        Path(f"{args.out}.md").write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
