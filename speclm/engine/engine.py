@@ -294,7 +294,10 @@ class Engine:
         seq.num_computed += result.num_accepted
         state.add_features(chunk.start, features[kept])
         lazy_seconds = rows.seconds if isinstance(rows, RowLogits) else 0.0
-        speculation.record(tree, result, seconds_per_row * chunk.num_tokens + lazy_seconds)
+        target_seconds = seconds_per_row * chunk.num_tokens + lazy_seconds
+        state.stats.proposer_seconds += speculation.proposer_seconds  # read before record() resets the step
+        state.stats.target_seconds += target_seconds
+        speculation.record(tree, result, target_seconds)
         depth = None if tree.is_chain() else tree.max_depth
         return outputs + [self._commit(state, result.tokens, k, result.num_accepted, depth, decoding=True)]
 

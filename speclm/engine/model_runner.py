@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -10,6 +11,8 @@ from speclm.kv.paged_cache import PagedKVCache
 from speclm.kv.quantized import int8_bytes_per_token
 from speclm.models.attention import BatchEntry, PagedAttentionMetadata
 from speclm.models.llama import LlamaModel
+
+log = logging.getLogger(__name__)
 
 
 class ModelRunner:
@@ -20,6 +23,7 @@ class ModelRunner:
         self.model = model
         model.use_lean_ops()
         self.config = model.config
+        self.slow_steps = SlowStepWatch()
 
     @property
     def context_length(self) -> int:
@@ -53,11 +57,36 @@ class ModelRunner:
             rows.extend(range(offset - e.num_logits, offset))
         hidden = self.model(tokens, positions, cache, PagedAttentionMetadata(entries, device))
         logits = self.model.compute_logits(hidden, rows) if rows else hidden.new_zeros(0, self.config.vocab_size)
-        return logits, hidden, time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.slow_steps.observe(len(tokens), seconds)
+        return logits, hidden, seconds
 
     def row_logits(self, hidden: torch.Tensor) -> RowLogits:
         """Logits of single rows of `hidden` on demand (a tree walk needs only its path's rows)."""
         return RowLogits(self.model, hidden)
+
+
+class SlowStepWatch:
+    """Warns once when a small step (a few rows: decoding) takes far longer than the fastest one so far,
+    which on a CPU almost always means other processes hold the cores."""
+
+    def __init__(self, max_rows: int = 8, factor: float = 20.0, min_seconds: float = 0.5) -> None:
+        self.max_rows, self.factor, self.min_seconds = max_rows, factor, min_seconds
+        self.fastest = float("inf")
+        self.warned = False
+
+    def observe(self, rows: int, seconds: float) -> None:
+        if rows > self.max_rows:
+            return
+        if not self.warned and seconds > self.min_seconds and seconds > self.factor * self.fastest:
+            self.warned = True
+            log.warning(
+                "speclm: a decoding step took %.2f s, %.0fx the fastest so far: other processes may be using the "
+                "CPU cores (try --threads 1, or fewer threads than free cores)",
+                seconds,
+                seconds / self.fastest,
+            )
+        self.fastest = min(self.fastest, seconds)
 
 
 class RowLogits:
