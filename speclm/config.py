@@ -5,18 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SPEC_METHODS_HELP = (
-    "ngram | ngram:MAX_N | layerskip:N | draft:PATH[,vocab=V,weights=FORMAT] | medusa:PATH[,width=W] | "
-    "eagle:PATH[,topk=T,beam=B,depth=D] (draft: vocab=V drafts over the V most frequent tokens, weights=q4_0 "
-    "runs the draft on 4-bit weights; medusa/eagle: K is the tree's node budget; eagle topk=1 drafts a chain of K)"
+    "ngram | ngram:MAX_N | lookahead[:W,N,G] | layerskip:N | draft:PATH[,vocab=V,weights=FORMAT,branch=T] | "
+    "medusa:PATH[,width=W] | eagle:PATH[,topk=T,beam=B,depth=D] (lookahead: Jacobi window W, N-grams, G "
+    "candidates, default 5,3,3; draft: drafts over the V most frequent tokens (default 32768; 0 = all), "
+    "on FORMAT weights (default q4_0: the draft's numerics never change the output), as a tree with a second "
+    "branch where its top probability is below T (default 0: a chain); medusa/eagle: K is the tree's node "
+    "budget; eagle topk=1 drafts a chain of K)"
 )
-# draft:PATH options: vocab = size of the draft's output head (0: the whole vocabulary, or the token map a
-# distilled draft ships); weights = the draft's runtime format (see speclm.models.quant_linear.WEIGHTS_HELP).
+# draft:PATH options: vocab = size of the draft's output head (0: the whole vocabulary; a distilled draft's
+# own token map wins); weights = the draft's runtime format (see WEIGHTS_HELP below). The defaults are the
+# cheapest draft measured on the real pair (docs/speculation.md); the target verifies, so both are exact.
 # branch = T in (0, 1): a token tree with the draft's second choice as a leaf where its first has
 # probability below T (0: a chain).
-DRAFT_OPTIONS = {"vocab": 0, "weights": "auto", "branch": 0.0}
+DRAFT_OPTIONS = {"vocab": 32768, "weights": "q4_0", "branch": 0.0}
 # Defaults sized for a CPU, where a verification pass over more than ~4 rows costs 2-6x a one-token
 # pass (benchmarks/tree_cost.md) and every draft depth costs an output-head matmul.
 HEAD_OPTIONS = {"medusa": {"width": 3}, "eagle": {"topk": 2, "beam": 2, "depth": 5}}
+# lookahead:W,N,G default: a window of W future positions, N-grams, up to G pool candidates per step.
+LOOKAHEAD_SHAPE = (5, 3, 3)
 
 
 @dataclass
@@ -31,7 +37,7 @@ class SpecConfig:
     adaptive: bool = True
 
     def __post_init__(self) -> None:
-        if self.method not in ("ngram", "layerskip", "draft", *HEAD_OPTIONS):
+        if self.method not in ("ngram", "layerskip", "draft", "lookahead", *HEAD_OPTIONS):
             raise ValueError(f"unknown speculative method {self.method!r}; expected {SPEC_METHODS_HELP}")
         if not 1 <= self.num_speculative_tokens <= 32:
             raise ValueError(f"--k must be in 1..32, got {self.num_speculative_tokens}")
@@ -43,6 +49,20 @@ class SpecConfig:
             raise ValueError(f"ngram takes an optional maximum n, e.g. ngram:4; got {self.argument!r}")
         if self.method in HEAD_OPTIONS:
             self.head_path_and_options()  # validates
+        if self.method == "lookahead":
+            self.lookahead_shape()  # validates
+
+    def lookahead_shape(self) -> tuple[int, int, int]:
+        """For lookahead: (W, N, G), the window, the n-gram size and the candidate n-grams per step."""
+        if self.argument is None:
+            return LOOKAHEAD_SHAPE
+        parts = self.argument.split(",")
+        if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"lookahead takes W,N,G (e.g. lookahead:5,3,3); got {self.argument!r}")
+        w, n, g = (int(p) for p in parts)
+        if not (1 <= w <= 16 and 2 <= n <= 8 and 0 <= g <= 8):
+            raise ValueError(f"lookahead needs 1 <= W <= 16, 2 <= N <= 8, 0 <= G <= 8; got {self.argument!r}")
+        return w, n, g
 
     def head_path_and_options(self) -> tuple[str, dict[str, int]]:
         """For medusa/eagle: the head directory and its options (defaults filled in)."""

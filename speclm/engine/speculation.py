@@ -34,6 +34,8 @@ class Speculation:
 
     @classmethod
     def of(cls, proposer: Proposer, max_k: int, adaptive: bool) -> Speculation:
+        if proposer.node_budget is not None:  # the proposal's shape is the method's (e.g. lookahead:W,N,G)
+            max_k, adaptive = proposer.node_budget, False
         return cls(proposer, SpeculationController(max_k, adaptive, depth_of=proposer.tree_depth))
 
     def start(self, prompt_ids: list[int], max_total_tokens: int) -> None:
@@ -63,10 +65,9 @@ class Speculation:
         """The shape of the first `granted` drafts (parents come first, so a prefix is a tree)."""
         return self.proposal.tree(granted)
 
-    @staticmethod
-    def lazy_logits(tree: TokenTree) -> bool:
+    def lazy_logits(self, tree: TokenTree) -> bool:
         """Whether a verification over `tree` computes its rows' logits on demand (see LAZY_LOGITS_NODES)."""
-        return not tree.is_chain() and tree.num_nodes >= LAZY_LOGITS_NODES
+        return not self.proposer.observes_rows and not tree.is_chain() and tree.num_nodes >= LAZY_LOGITS_NODES
 
     def verify(
         self,
@@ -79,7 +80,12 @@ class Speculation:
         """The first `granted` drafts against their rows' logits ([1 + granted, vocab], or on demand)."""
         proposal, tree = self.proposal, self.tree(granted)
         probs = None if proposal.probs is None else proposal.probs[:granted]
-        return verifier.verify(rows, tree, proposal.tokens[:granted], probs, params, generator), tree
+        result = verifier.verify(rows, tree, proposal.tokens[:granted], probs, params, generator)
+        if self.proposer.observes_rows:  # rows[0] is the pending token's; node i's is rows[i + 1]
+            row = rows.__getitem__ if isinstance(rows, torch.Tensor) else rows
+            nodes = [i for i in proposal.observed if i < granted]
+            self.proposer.observe_rows(int(row(0).argmax()), [int(row(i + 1).argmax()) for i in nodes])
+        return result, tree
 
     def record(self, tree: TokenTree, result: VerificationResult, target_seconds: float) -> None:
         """Teach the proposer and the K controller what this verification showed."""

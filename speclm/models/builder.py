@@ -9,6 +9,7 @@ import warnings
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from speclm.models.checkpoint import (
     Checkpoint,
@@ -120,7 +121,7 @@ class NativeSource:
     def linear(self, names: list[str], bias: torch.Tensor | None, head: bool = False) -> nn.Module:
         parts = [self._part(n) for n in names]
         in_features = self.t.shape_of(names[0])[1]
-        if self.requantize and not head:
+        if self.requantize and not head and in_features % 32 == 0:  # (Q4_0 blocks are 32 inputs wide)
             parts = [
                 requantized(p, in_features, self.requantize)
                 if isinstance(p, Segment)
@@ -192,7 +193,8 @@ def _build(checkpoint: Checkpoint, source: FloatSource | NativeSource, dtype: to
     e = "model.embed_tokens.weight"
     model.embed_tokens = source.embedding(take(e, (config.vocab_size, config.hidden_size)))
     param(model.norm, "weight", "model.norm.weight")
-    for i, layer in enumerate(model.layers):
+    layers = tqdm(model.layers, desc="loading layers", unit="layer", leave=False, disable=None)  # on a TTY only
+    for i, layer in enumerate(layers):
         p = f"model.layers.{i}."
         param(layer.input_layernorm, "weight", p + "input_layernorm.weight")
         param(layer.post_attention_layernorm, "weight", p + "post_attention_layernorm.weight")

@@ -192,6 +192,8 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: WeightForm
     if fmt.name == "q4_0":
         from speclm.models.gguf_weights import GGUFLinear, quantized_segment
 
+        if weight.shape[1] % 32:  # Q4_0 blocks are 32 inputs wide: such a layer (tiny models) stays fp32
+            return make_linear(weight.float(), bias, WeightFormat("fp32"))
         return GGUFLinear([quantized_segment(weight, "Q4_0")], weight.shape[1], bias)
     raise ValueError(f"make_linear: no layer for weight format {fmt.label!r}")
 

@@ -12,6 +12,7 @@ from speclm.models.quant_linear import WeightFormat, convert_linear_layers
 from speclm.speculative.draft_model import DraftModelProposer, DraftTreeProposer, load_token_map
 from speclm.speculative.eagle import EagleProposer
 from speclm.speculative.heads import load_head
+from speclm.speculative.lookahead import LookaheadProposer
 from speclm.speculative.medusa import MedusaProposer
 from speclm.speculative.ngram import NgramProposer
 from speclm.speculative.proposer import Proposer
@@ -34,6 +35,8 @@ class ProposerFactory:
     def _build(self, spec: SpecConfig) -> Proposer:
         if spec.method == "ngram":
             return NgramProposer(max_n=int(spec.argument) if spec.argument else 4)
+        if spec.method == "lookahead":
+            return LookaheadProposer(*spec.lookahead_shape())
         if spec.method == "layerskip":
             n, layers = int(spec.argument), self.target.config.num_layers
             if not 1 <= n < layers:

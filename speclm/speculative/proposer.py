@@ -32,6 +32,8 @@ class Proposal:
     tokens: list[int] = field(default_factory=list)
     probs: torch.Tensor | None = None  # [K, vocab]
     parents: list[int] | None = None  # [K]
+    # observes_rows proposers: the nodes (a chain, in order) whose rows' greedy tokens observe_rows gets.
+    observed: list[int] = field(default_factory=list)
 
     def tree(self, k: int | None = None) -> TokenTree:
         """The shape of the first k drafts (all by default); parents come first, so any prefix is a tree."""
@@ -42,7 +44,9 @@ class Proposal:
         """The proposal without its nodes deeper than max_depth (their ancestors are shallower, so the
         rest is still a tree in parents-first order)."""
         if self.parents is None:
-            return Proposal(self.tokens[:max_depth], None if self.probs is None else self.probs[:max_depth])
+            observed = [i for i in self.observed if i < max_depth]
+            probs = None if self.probs is None else self.probs[:max_depth]
+            return Proposal(self.tokens[:max_depth], probs, None, observed)
         depth = self.tree().depths()[1:]
         keep = [i for i, d in enumerate(depth) if d <= max_depth]
         if len(keep) == len(depth):
@@ -52,6 +56,7 @@ class Proposal:
             [self.tokens[i] for i in keep],
             self.probs[keep] if self.probs is not None else None,
             [new_index.get(self.parents[i], -1) for i in keep],
+            [new_index[i] for i in self.observed if i in new_index],
         )
 
 
@@ -68,6 +73,11 @@ class Proposer:
     # With wants_features: needs the features of every committed position (EAGLE), not only the latest
     # (Medusa); a sequence that needs them all cannot reuse prefix-cache blocks, which hold no features.
     feature_history: ClassVar[bool] = False
+    # Gets the target's greedy token at the root and at the proposal's `observed` rows after each
+    # verification (observe_rows): Lookahead's Jacobi iterations. Such rows take full logits, not lazy ones.
+    observes_rows: ClassVar[bool] = False
+    # Proposers whose proposal shape fixes K (a node budget) set it; K is then neither the user's nor adaptive.
+    node_budget: int | None = None
 
     def fresh(self) -> Proposer:
         """A proposer for another sequence: shares this one's heavy parts, none of its per-sequence state."""
@@ -88,6 +98,11 @@ class Proposer:
     def tree_depth(self, k: int) -> int:
         """The deepest a k-token proposal reaches (for the speculation controller): k for a chain."""
         return k
+
+    def observe_rows(self, root: int, tokens: list[int]) -> None:
+        """observes_rows proposers: the target's greedy next token after the pending token (root) and after
+        each verified `observed` node (in order; a suffix may be missing where the budget cut it)."""
+        raise NotImplementedError(f"{type(self).__name__} does not observe rows")
 
     def add_features(self, features: torch.Tensor) -> None:  # [n, hidden]
         """wants_features proposers: the target's features (hidden states after the final norm) of the

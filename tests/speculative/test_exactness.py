@@ -81,6 +81,13 @@ CASES = {
         SamplingParams(temperature=1.0),
         2,
     ),
+    # A tree of one-hot drafts: prompt lookup's branch and the Jacobi window (K is the shape's).
+    "lookahead-tree": (
+        "lookahead:3,2,2",
+        "Tom had a red ball. Tom had a red ball. Tom had a",
+        SamplingParams(temperature=1.0),
+        2,
+    ),
 }
 
 

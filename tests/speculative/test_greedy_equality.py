@@ -109,3 +109,26 @@ def test_default_model_draft_options_are_exact(default_llm, specbench_prompts, o
     outs = llm.generate(prompts, DEFAULT_PARAMS)
     assert [o.token_ids for o in outs] == reference
     assert sum(o.stats.accepted_tokens for o in outs) > 0
+
+
+@pytest.mark.parametrize("shape", ["1,2,0", "3,2,1", "5,3,3", "8,4,2", "4,5,8"])
+def test_stories_lookahead_greedy_equals_plain_greedy(stories_llm, stories_reference, shape):
+    """Lookahead over W/N/G shapes (window, n-gram size, candidates): every output equals plain greedy,
+    and its window's Jacobi iterations do get drafts accepted."""
+    llm = stories_llm.with_spec(f"lookahead:{shape}")
+    accepted = 0
+    for prompt, expected in stories_reference.items():
+        out = llm.generate(prompt, SamplingParams(max_tokens=64))[0]
+        assert out.token_ids == expected, (shape, prompt)
+        accepted += out.stats.accepted_tokens
+    assert accepted > 0
+
+
+@pytest.mark.slow
+def test_default_model_lookahead_is_exact(default_llm, specbench_prompts):
+    """The default model with lookahead (default shape), batched: greedy output equals plain greedy."""
+    prompts = default_model_prompts(specbench_prompts, default_llm.tokenizer, count=6, max_prompt_tokens=150)
+    reference = [o.token_ids for o in default_llm.generate(prompts, DEFAULT_PARAMS)]
+    outs = default_llm.with_spec("lookahead").generate(prompts, DEFAULT_PARAMS)
+    assert [o.token_ids for o in outs] == reference
+    assert sum(o.stats.accepted_tokens for o in outs) > 0

@@ -145,7 +145,8 @@ def test_cli_runs_heads_and_rejects_bad_ones(head_dirs, tmp_path, capsys):
     code, _, err = run_cli(capsys, "generate", "--prompt", "hi", *STORIES, "--spec", f"medusa:{tmp_path}/missing")
     assert_one_error_line(code, err, "is not a draft-head directory")
     code, _, err = run_cli(capsys, "serve", *STORIES, "--spec", f"eagle:{tmp_path}/missing")
-    assert code == 2 and err.startswith("speclm serve: error: ") and "is not a draft-head directory" in err
+    last = err.strip().splitlines()[-1]  # after the load's progress line
+    assert code == 2 and last.startswith("speclm serve: error: ") and "is not a draft-head directory" in last
 
 
 def test_bench_methods_keep_head_options_together():
