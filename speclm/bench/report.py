@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+
+
+def short_label(method: str) -> str:
+    """A method as tables and plots show it: file paths cut to their base names."""
+    return re.sub(r"[^,:@]*/", "", method)
 
 
 def write_json(path: str, payload: dict) -> None:
@@ -30,6 +36,12 @@ def markdown_table(
         "| acceptance | per-position acceptance | greedy mismatches |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
+    peers = any("vs_peer" in m for c in summary.values() for m in c.values())
+    if peers:  # the same rows with two more columns: ratios to llama.cpp's plain decoding in the same run
+        lines[-4] += ' Columns "vs llama.cpp": the ratio to llama.cpp AR in the same run; '
+        "llama.cpp peers' greedy mismatches count against llama.cpp AR."
+        lines[-2] += " vs llama.cpp | decode vs llama.cpp |"
+        lines[-1] += "---:|---:|"
     categories = sorted(c for c in summary if c != "overall") + ["overall"]
     for category in categories:
         for method in methods:
@@ -42,10 +54,12 @@ def markdown_table(
             acc = f"{100 * m['acceptance_rate']:.0f}%" if method != "ar" else "-"
             name = f"**{category}**" if category == "overall" else category
             lines.append(
-                f"| {name} | {method} | {m['prompts']} | {m['tokens_per_s']:.1f} | {speedup} | "
+                f"| {name} | {short_label(method)} | {m['prompts']} | {m['tokens_per_s']:.1f} | {speedup} | "
                 f"{m.get('decode_tokens_per_s', 0):.1f} | {decode_speedup} | "
                 f"{m['mean_accepted_length']:.2f} | {acc} | {per_pos} | {m['greedy_mismatches'] if greedy else '-'} |"
             )
+            if peers:
+                lines[-1] += f" {m.get('vs_peer', 0):.2f}x | {m.get('decode_vs_peer', 0):.2f}x |"
     return "\n".join(lines) + "\n"
 
 
@@ -61,7 +75,7 @@ def plot_speedups(path: str, summary: dict, methods: list[str], title: str) -> N
     fig, ax = plt.subplots(figsize=(max(8, len(categories) * 0.9), 4.5))
     for i, method in enumerate(spec_methods):
         values = [summary.get(c, {}).get(method, {}).get("speedup") or 0 for c in categories]
-        ax.bar([x + i * width for x in range(len(categories))], values, width, label=method)
+        ax.bar([x + i * width for x in range(len(categories))], values, width, label=short_label(method))
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks([x + width * (len(spec_methods) - 1) / 2 for x in range(len(categories))])
     ax.set_xticklabels(categories, rotation=30, ha="right")

@@ -8,13 +8,24 @@ from collections import defaultdict
 
 from tqdm import tqdm
 
+from speclm.bench.llama_cli import same_text
 from speclm.llm import LLM
 from speclm.sampling_params import SamplingParams
 
 
+def parse_method(method: str, k: int, adaptive: bool) -> tuple[str | None, int, bool]:
+    """'ar' is plain decoding (spec None); anything else is a --spec value, optionally ending in @K for a
+    fixed K (e.g. draft:PATH@4) instead of the run's K and adaptivity."""
+    if method == "ar":
+        return None, k, adaptive
+    spec, at, fixed = method.rpartition("@")
+    if at and fixed.isdigit():
+        return spec, int(fixed), False
+    return method, k, adaptive
+
+
 def method_llm(base: LLM, method: str, k: int, adaptive: bool) -> LLM:
-    """'ar' is plain decoding; anything else is a --spec value."""
-    return base.with_spec(None if method == "ar" else method, k, adaptive)
+    return base.with_spec(*parse_method(method, k, adaptive))
 
 
 def run_methods(
@@ -26,9 +37,12 @@ def run_methods(
     adaptive: bool = True,
     chat: bool = True,
     progress: bool = True,
+    peers: list | None = None,
 ) -> list[dict]:
     """One record per (prompt, method). Methods run interleaved per prompt so that drifts in the
-    machine's speed affect them alike."""
+    machine's speed affect them alike. `peers` (speclm.bench.llama_cli.LlamaCliPeer) run after speclm's
+    methods on each prompt; their greedy agreement is checked against the first peer (its own AR)."""
+    peers = peers or []
     llms = {m: method_llm(base, m, k, adaptive) for m in methods}
     encoded = [
         base.tokenizer.encode_chat([{"role": "user", "content": p["text"]}])
@@ -45,7 +59,7 @@ def run_methods(
     for llm in llms.values():  # first-call costs (allocator, lazy init) stay out of the timings
         llm.generate(encoded[0], warm)
     records = []
-    bar = tqdm(total=len(prompts) * len(methods), desc="bench", unit="gen", disable=not progress)
+    bar = tqdm(total=len(prompts) * (len(methods) + len(peers)), desc="bench", unit="gen", disable=not progress)
     for prompt, ids in zip(prompts, encoded):
         reference = None
         for method in methods:
@@ -76,12 +90,41 @@ def run_methods(
                 }
             )
             bar.update(1)
+        peer_reference = None
+        for peer in peers:
+            run = peer.generate(base.tokenizer.decode(ids, skip_special_tokens=False), params.max_tokens)
+            peer_reference = run.text if peer_reference is None else peer_reference
+            records.append(peer_record(prompt, peer.name, run, same_text(run.text, peer_reference)))
+            bar.update(1)
     bar.close()
     return records
 
 
-def aggregate(records: list[dict], baseline: str = "ar") -> dict:
-    """Per category (and 'overall') per method: tokens/s, speedup over the baseline, tau, acceptance."""
+def peer_record(prompt: dict, method: str, run, matches: bool) -> dict:
+    """A record of a peer's run in run_methods' schema (per-position acceptance is not reported)."""
+    return {
+        "prompt_id": prompt["id"],
+        "category": prompt["category"],
+        "method": method,
+        "prompt_tokens": 0,
+        "tokens": run.tokens,
+        "seconds": run.prefill_seconds + run.decode_seconds,
+        "decode_seconds": run.decode_seconds,
+        "target_forwards": run.tokens - run.accepted,  # each target pass commits its accepted drafts + 1
+        "decode_steps": run.tokens - run.accepted,
+        "decode_tokens": run.tokens,
+        "drafted": run.drafted,
+        "accepted": run.accepted,
+        "drafted_per_position": [],
+        "accepted_per_position": [],
+        "proposer_seconds": 0.0,
+        "matches_first_method": matches,
+    }
+
+
+def aggregate(records: list[dict], baseline: str = "ar", peer_baseline: str = "llama.cpp") -> dict:
+    """Per category (and 'overall') per method: tokens/s, speedup over the baseline (and over the peer
+    baseline when it ran), tau, acceptance."""
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in records:
         groups[(r["category"], r["method"])].append(r)
@@ -112,8 +155,11 @@ def aggregate(records: list[dict], baseline: str = "ar") -> dict:
             "greedy_mismatches": sum(not r["matches_first_method"] for r in rows),
         }
     for methods in table.values():
-        base = methods.get(baseline)
+        base, peer = methods.get(baseline), methods.get(peer_baseline)
         for m in methods.values():
+            if peer:
+                m["vs_peer"] = m["tokens_per_s"] / peer["tokens_per_s"]
+                m["decode_vs_peer"] = m["decode_tokens_per_s"] / peer["decode_tokens_per_s"]
             m["speedup"] = m["tokens_per_s"] / base["tokens_per_s"] if base and base["tokens_per_s"] else None
             m["decode_speedup"] = (
                 m["decode_tokens_per_s"] / base["decode_tokens_per_s"] if base and base["decode_tokens_per_s"] else None

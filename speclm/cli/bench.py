@@ -7,8 +7,11 @@ import os
 import shlex
 import sys
 
+from speclm.bench.llama_cli import PEERS as LLAMA_PEERS
+from speclm.bench.llama_cli import LlamaCliPeer
 from speclm.cli.common import add_model_args, load_llm, split_methods
 from speclm.cli.serve import add_cache_args
+from speclm.config import SpecConfig
 from speclm.data import SPECBENCH_PROMPTS
 
 DEFAULT_PROMPTS = SPECBENCH_PROMPTS
@@ -43,8 +46,8 @@ def register(sub) -> None:
         "--methods",
         default="ar,ngram",
         help="comma-separated: ar, ngram, ngram:MAX_N, layerskip:N, draft:PATH, medusa:PATH[,width=W], "
-        "eagle:PATH[,topk=T,beam=B,depth=D] (a key=value item is an option of the method before it; "
-        "default ar,ngram)",
+        "eagle:PATH[,topk=T,beam=B,depth=D] (a key=value item is an option of the method before it; a method "
+        "ending in @K runs a fixed K, e.g. draft:PATH@4; default ar,ngram)",
     )
     p.add_argument("--per-category", type=int, default=5, help="prompts per category (default 5; 0 = all)")
     p.add_argument("--categories", default=None, help="comma-separated categories to keep (default all)")
@@ -58,8 +61,15 @@ def register(sub) -> None:
     p.add_argument(
         "--peers",
         default="",
-        help="comma-separated peers to time in the same run: transformers "
-        "(with --compare: llama.cpp,transformers, the default)",
+        help="comma-separated peers to time in the same run, prompt by prompt: transformers, llama.cpp (plain "
+        "decoding), llama-speculative (with the draft of the first draft:PATH method), llama-lookup (prompt lookup); "
+        "the llama ones need --llama-bin (with --compare: llama.cpp,transformers through llama-cpp-python)",
+    )
+    p.add_argument(
+        "--llama-bin",
+        default=os.environ.get("LLAMA_CPP_BIN"),
+        help="folder with llama.cpp's llama-completion, llama-speculative and llama-lookup programs "
+        "(default $LLAMA_CPP_BIN; docs/benchmarks.md says how to build them)",
     )
     g = p.add_argument_group("--compare: weight formats and peers in one run")
     g.add_argument(
@@ -90,6 +100,14 @@ def register(sub) -> None:
     p.set_defaults(run=run)
 
 
+def llama_peer(name: str, model_path: str, methods: list[str], args: argparse.Namespace):
+    """A llama.cpp program on the same model; llama-speculative takes the first draft:PATH method's model
+    and --k as its maximum draft length."""
+    drafts = [m.split(":", 1)[1].split(",")[0] for m in methods if m.startswith("draft:")]
+    threads = args.threads or os.cpu_count() or 1
+    return LlamaCliPeer(name, args.llama_bin, model_path, threads, drafts[0] if drafts else None, args.k)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.mode == "serve":
         from speclm.cli.bench_serve import run_serve
@@ -108,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     args.name = args.name or "spec_bench"
     from speclm.bench.machine import machine_info
     from speclm.bench.report import markdown_table, output_paths, plot_speedups, write_json
-    from speclm.bench.spec_bench import aggregate, run_methods
+    from speclm.bench.spec_bench import aggregate, parse_method, run_methods
     from speclm.data import load_prompts
     from speclm.sampling_params import SamplingParams
 
@@ -126,10 +144,14 @@ def run(args: argparse.Namespace) -> int:
         methods.insert(0, "ar")  # speedups are always relative to AR in the same run
     methods.remove("ar")
     methods.insert(0, "ar")
+    for method in methods[1:]:
+        SpecConfig.parse(*parse_method(method, args.k, not args.no_adaptive))  # fails before the slow load
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     for peer in peers:
-        if peer != "transformers":
-            raise ValueError(f"unknown peer {peer!r} (supported: transformers)")
+        if peer != "transformers" and peer not in LLAMA_PEERS:
+            raise ValueError(f"unknown peer {peer!r} (supported: transformers, {', '.join(LLAMA_PEERS)})")
+    if any(p in LLAMA_PEERS for p in peers) and not (args.llama_bin and os.path.isdir(args.llama_bin)):
+        raise ValueError(f"llama.cpp peers need --llama-bin DIR (or $LLAMA_CPP_BIN), got {args.llama_bin!r}")
     params = SamplingParams(
         temperature=args.temperature,
         seed=args.seed,
@@ -140,9 +162,13 @@ def run(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.prompts, args.per_category or None, categories)
     args.spec = None
     llm = load_llm(args)
-    records = run_methods(llm, prompts, methods, params, args.k, not args.no_adaptive, chat=not args.no_chat)
+    llama_peers = [llama_peer(name, llm.model_path, methods, args) for name in LLAMA_PEERS if name in peers]
+    records = run_methods(
+        llm, prompts, methods, params, args.k, not args.no_adaptive, chat=not args.no_chat, peers=llama_peers
+    )
+    methods += [p.name for p in llama_peers]
 
-    if peers:
+    if "transformers" in peers:
         from speclm.bench.peers import transformers_greedy
 
         ids = [

@@ -14,7 +14,10 @@ CODING_PROMPTS = str(Path(__file__).with_name("coding_prompts.jsonl"))
 
 
 def load_prompts(path: str, per_category: int | None = None, categories: list[str] | None = None) -> list[dict]:
-    """First turns, keeping at most `per_category` prompts of each category (file order)."""
+    """First turns, keeping at most `per_category` prompts of each category (file order). `path` may
+    name several files, comma-separated ("code" from one, Spec-Bench's categories from another)."""
+    if "," in path:
+        return [p for one in path.split(",") for p in load_prompts(one, per_category, categories)]
     taken: dict[str, int] = defaultdict(int)
     prompts = []
     with open(path) as f:
