@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-PROMPT ?= Explain speculative decoding in two sentences.
+PROMPT ?= Write a Python function that checks whether a string is a palindrome.
 
 .PHONY: install demo test bench clean draft pair
 
@@ -20,12 +20,19 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: install
-	$(BIN)/speclm generate --chat --weights int4 --spec ngram --prompt "$(PROMPT)" --max-tokens 128
+	$(BIN)/speclm generate --chat --spec ngram --prompt "$(PROMPT)" --max-tokens 128
+	@echo
+	@echo "Next: source $(VENV)/bin/activate, then try"
+	@echo "  speclm chat --spec ngram                      # talk to the model; the stats line shows what speculation did"
+	@echo "  speclm serve --spec ngram                     # OpenAI-compatible server on :8000"
+	@echo "  speclm bench --methods ar,ngram               # speed and acceptance per prompt category"
+	@echo "  make pair && see docs/benchmarks.md           # the real 1.5B target with its 0.5B draft"
 
 test: install
 	$(BIN)/ruff check speclm tests
 	$(BIN)/ruff format --check speclm tests
-	$(BIN)/python -m pytest -q
+	@echo "make test: ruff passed; pytest takes about 5-10 minutes on 2 cores (slowest tests listed at the end)"
+	$(BIN)/python -m pytest -q --durations=10
 
 # Learned drafters for the default model (issue 7), all under drafters/, in <= 60 minutes on 2 CPU cores:
 # target data (cached in .cache/distill), the undistilled draft init, the distilled draft, Medusa, EAGLE.
@@ -55,6 +62,11 @@ draft: $(if $(filter $(BIN)/python,$(DISTILL_PY)),install)
 # demo/test; tests and benchmarks that need the pair skip with a message when it is absent.
 pair: install
 	$(BIN)/python -m speclm.data.pair
+
+# The speculative benchmark on the default model: Spec-Bench dev prompts (2 per category), AR vs prompt
+# lookup, greedy, JSON + markdown + plot under benchmarks/ (docs/benchmarks.md lists the others).
+bench: install
+	$(BIN)/speclm bench --methods ar,ngram --per-category 2 --max-tokens 128 --out benchmarks --name spec_bench_default
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -28,7 +28,8 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 def assert_one_error_line(code: int, err: str, *fragments: str) -> None:
     assert code == 2, err
     assert "Traceback" not in err
-    lines = err.strip().splitlines()
+    # Progress lines of the load ("speclm: loading ...") may come first; the failure itself is one line.
+    lines = [line for line in err.strip().splitlines() if not line.startswith("speclm: ")]
     assert len(lines) == 1 and lines[0].startswith("speclm generate: error: "), err
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])

@@ -1,5 +1,5 @@
 """The code's shape, checked: packages import only downwards along the data flow, no module import
-cycle, no file over 400 lines (see docs/architecture.md)."""
+cycle, no file over 400 lines (see docs/layout.md)."""
 
 from __future__ import annotations
 

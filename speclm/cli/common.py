@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from speclm.config import SPEC_METHODS_HELP, WEIGHTS_HELP
 from speclm.sampling_params import SamplingParams
@@ -79,9 +80,21 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
 
 
 def load_llm(args: argparse.Namespace):
+    """The LLM the options describe, with a stage line before and after the load (which can take a while
+    for a big model: reading, repacking, the first kernel build) so a terminal or a log never sits silent."""
+    import time
+
+    from speclm.config import SpecConfig, WeightFormat
     from speclm.llm import LLM
 
-    return LLM(
+    WeightFormat.parse(args.weights)  # bad values fail before the stage line and the slow load
+    spec = getattr(args, "spec", None)
+    if spec:
+        SpecConfig.parse(spec, getattr(args, "k", 4))
+    t0 = time.perf_counter()
+    model = args.model or "the default model"
+    print(f"speclm: loading {model} (weights {args.weights}) ...", file=sys.stderr, flush=True)
+    llm = LLM(
         model=args.model,
         tokenizer=args.tokenizer,
         spec=getattr(args, "spec", None),
@@ -90,6 +103,8 @@ def load_llm(args: argparse.Namespace):
         threads=args.threads,
         weights=args.weights,
     )
+    print(f"speclm: loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return llm
 
 
 def stats_line(stats, spec_label: str | None) -> str:

@@ -31,6 +31,8 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)  # validate before the slow model load
+    if args.prompt is None and sys.stdin.isatty():
+        print("speclm generate: type the prompt, then Ctrl-D on a line of its own (or pass --prompt)", file=sys.stderr)
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     llm = load_llm(args)
     if args.chat:

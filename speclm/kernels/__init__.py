@@ -48,7 +48,7 @@ def cpu_kernels() -> ModuleType | None:
     build_dir = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "speclm" / "kernels") / name
     build_dir.mkdir(parents=True, exist_ok=True)
     if not (build_dir / f"{name}.so").exists():
-        print("speclm: compiling the CPU kernels (once per machine, about a minute)...", file=sys.stderr, flush=True)
+        print("speclm: compiling the CPU kernels (once per machine, about 30-60 s)...", file=sys.stderr, flush=True)
     try:
         return cpp_extension.load(
             name=name,

@@ -2,7 +2,7 @@
 feature-level decoder layer). Both reuse the target's embeddings and output head, so a head file
 holds only its own few weights.
 
-Conventions (shared by the trainer in speclm/distill and the proposers in speclm/spec):
+Conventions (shared by the trainer in speclm/distill and the proposers in speclm/speculative):
 - A *feature* f_t is the target's hidden state after the final norm at position t, so
   target.lm_head(f_t) are the target's logits for token t+1.
 - Medusa head i (0-based) maps f_t to a feature whose logits predict token t+2+i (the target
