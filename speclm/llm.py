@@ -17,6 +17,7 @@ from speclm.models.llama import LlamaModel
 from speclm.models.loader import load_checkpoint
 from speclm.sampling_params import SamplingParams
 from speclm.speculative.factory import ProposerFactory
+from speclm.threads import default_threads
 from speclm.tokenizer import Tokenizer, load_tokenizer
 
 Prompt = str | list[int]
@@ -48,10 +49,9 @@ class LLM:
         weights: str | None = "auto",
         cache: CacheConfig | None = None,
     ) -> None:
-        if threads is not None:
-            if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-                raise ValueError(f"threads must be a positive integer, got {threads!r}")
-            torch.set_num_threads(threads)
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be a positive integer, got {threads!r}")
+        torch.set_num_threads(threads or default_threads())  # default: the cores idle now (speclm/threads.py)
         self.weights = WeightFormat.parse(weights or "auto")  # a bad value fails before the slow load
         spec = SpecConfig.parse(spec, num_speculative_tokens, adaptive) if isinstance(spec, str) else spec
         checkpoint = load_checkpoint(model)

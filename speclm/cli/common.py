@@ -23,7 +23,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="tokenizer file when the model has none inside (e.g. tok512.bin for llama2.c models)",
     )
-    g.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    g.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads (default: one per physical core, lowered to the cores other processes leave idle "
+        "at load time, with a warning)",
+    )
     g.add_argument(
         "--weights",
         "--dtype",
