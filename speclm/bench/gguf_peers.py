@@ -134,7 +134,10 @@ def markdown(report: dict) -> str:
     lines += [
         "",
         f"Greedy agreement ({report['max_tokens']} tokens): tokens before the first divergence from "
-        "llama.cpp's output, and there the gap between llama.cpp's logit for its own token and for speclm's.",
+        "llama.cpp's output, and there the gap between llama.cpp's logit for its own token and for speclm's."
+        " The logits come from llama.cpp re-evaluating the prompt and the common prefix in one batch; a negative"
+        " gap means that evaluation prefers speclm's token (llama.cpp's batched and token-by-token numerics"
+        " disagree there: a near-tie).",
         "",
         "| model | prompt | category | matched | logit gap at divergence |",
         "|---|---|---|---:|---:|",

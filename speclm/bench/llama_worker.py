@@ -71,9 +71,15 @@ class LlamaCppEngine:
         return tokens, time.perf_counter() - t0, first
 
     def logits(self, ids: list[int]) -> list[float]:
+        """The next-token logits after `ids`, read from the context (Llama.scores holds them only with
+        logits_all, which would cost n_ctx x vocab floats of memory)."""
+        import llama_cpp
+        import numpy as np
+
         self.llama.reset()
         self.llama.eval(ids)
-        return self.llama.scores[self.llama.n_tokens - 1].tolist()
+        row = llama_cpp.llama_get_logits_ith(self.llama.ctx, -1)
+        return np.ctypeslib.as_array(row, shape=(self.llama.n_vocab(),)).tolist()
 
 
 if __name__ == "__main__":
