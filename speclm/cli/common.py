@@ -128,11 +128,11 @@ def stats_line(stats, spec_label: str | None) -> str:
 
 
 def split_methods(value: str) -> list[str]:
-    """--methods items; `key=value` items are options of the method before them
-    ("ar,eagle:DIR,topk=1" -> ["ar", "eagle:DIR,topk=1"])."""
+    """--methods items; `key=value` items and bare numbers are options of the method before them
+    ("ar,eagle:DIR,topk=1,lookahead:5,3,3" -> ["ar", "eagle:DIR,topk=1", "lookahead:5,3,3"])."""
     methods: list[str] = []
     for item in (m.strip() for m in value.split(",")):
-        if "=" in item and ":" not in item and methods:
+        if methods and (("=" in item and ":" not in item) or item.isdigit()):
             methods[-1] += "," + item
         elif item:
             methods.append(item)

@@ -152,11 +152,13 @@ def test_cli_runs_heads_and_rejects_bad_ones(head_dirs, tmp_path, capsys):
 def test_bench_methods_keep_head_options_together():
     from speclm.cli.common import split_methods
 
-    assert split_methods("ar, ngram,eagle:d/x,topk=1,depth=3,medusa:m,width=2") == [
+    assert split_methods("ar, ngram,eagle:d/x,topk=1,depth=3,medusa:m,width=2,lookahead:3,2,2,lookahead") == [
         "ar",
         "ngram",
         "eagle:d/x,topk=1,depth=3",
         "medusa:m,width=2",
+        "lookahead:3,2,2",
+        "lookahead",
     ]
 
 
