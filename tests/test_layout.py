@@ -11,7 +11,7 @@ MAX_LINES = 400
 
 # Bottom (0) to top: a package may import its own modules and packages of a lower rank only.
 LAYERS = [
-    ["speclm.sampling_params", "speclm.config", "speclm.data", "speclm.kernels"],
+    ["speclm.sampling_params", "speclm.config", "speclm.data", "speclm.kernels", "speclm.threads"],
     ["speclm.kv"],
     ["speclm.models"],
     ["speclm.tokenizer", "speclm.sample"],
