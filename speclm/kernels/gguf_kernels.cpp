@@ -222,6 +222,18 @@ void pack_block(const Geometry& g, int64_t type, const Decoded& dec, int l, uint
   }
 }
 
+// The code of input k of row l in a record (the inverse of pack_block's placement).
+int record_code(const Geometry& g, const uint8_t* record, int l, int64_t k) {
+  const uint8_t* unit = record + g.param_bytes + (k / 32) * unit_bytes(g.bits);
+  const int kk = static_cast<int>(k % 32), quad = kk / 4, byte = 4 * l + kk % 4;
+  if (g.bits == 8) return unit[64 * quad + byte];
+  const uint8_t slot = unit[64 * (quad % 4) + byte];
+  int code = quad < 4 ? (slot & 0xF) : (slot >> 4);
+  if (g.bits == 5) code |= ((unit[256 + byte] >> quad) & 1) << 4;
+  if (g.bits == 6) code |= ((unit[256 + 64 * (quad / 4) + byte] >> (2 * (quad % 4))) & 3) << 4;
+  return code;
+}
+
 // Row l's decoded block back out of a record (the inverse of pack_block).
 void unpack_block(const Geometry& g, int64_t type, const uint8_t* record, int l, Decoded& out) {
   const uint16_t* d16 = reinterpret_cast<const uint16_t*>(record);
@@ -235,38 +247,13 @@ void unpack_block(const Geometry& g, int64_t type, const uint8_t* record, int l,
   } else if (type == kQ6_K) {
     for (int j = 0; j < 16; ++j) out.sc[j] = record[32 + 16 * j + l];
   }
-  const uint8_t* units = record + g.param_bytes;
-  const int64_t ub = unit_bytes(g.bits);
-  for (int64_t k = 0; k < g.block_weights; ++k) {
-    const uint8_t* unit = units + (k / 32) * ub;
-    const int kk = static_cast<int>(k % 32), quad = kk / 4, byte = 4 * l + kk % 4;
-    int code;
-    if (g.bits == 8) {
-      code = unit[64 * quad + byte];
-    } else {
-      const uint8_t slot = unit[64 * (quad % 4) + byte];
-      code = quad < 4 ? (slot & 0xF) : (slot >> 4);
-      if (g.bits == 5) code |= ((unit[256 + byte] >> quad) & 1) << 4;
-      if (g.bits == 6) code |= ((unit[256 + 64 * (quad / 4) + byte] >> (2 * (quad % 4))) & 3) << 4;
-    }
-    out.codes[k] = static_cast<uint8_t>(code);
-  }
+  for (int64_t k = 0; k < g.block_weights; ++k) out.codes[k] = static_cast<uint8_t>(record_code(g, record, l, k));
 }
 
 // The code and the weight of input k of row l, from a record (the inverse of pack_block, for dequantizing).
 float unpack_weight(const Geometry& g, int64_t type, const uint8_t* record, int l, int64_t k) {
   const uint16_t* d16 = reinterpret_cast<const uint16_t*>(record);
-  const uint8_t* unit = record + g.param_bytes + (k / 32) * unit_bytes(g.bits);
-  const int kk = static_cast<int>(k % 32), quad = kk / 4, byte = 4 * l + kk % 4;
-  int code;
-  if (g.bits == 8) {
-    code = unit[64 * quad + byte];
-  } else {
-    const uint8_t slot = unit[64 * (quad % 4) + byte];
-    code = quad < 4 ? (slot & 0xF) : (slot >> 4);
-    if (g.bits == 5) code |= ((unit[256 + byte] >> quad) & 1) << 4;
-    if (g.bits == 6) code |= ((unit[256 + 64 * (quad / 4) + byte] >> (2 * (quad % 4))) & 3) << 4;
-  }
+  const int code = record_code(g, record, l, k);
   const float d = fp16_to_float(d16[l]);
   switch (type) {
     case kQ4_0: return d * static_cast<float>(code - 8);

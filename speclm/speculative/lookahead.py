@@ -76,7 +76,7 @@ class LookaheadProposer(Proposer):
                 branches.append(list(gram))
         tokens: list[int] = []
         parents: list[int] = []
-        for branch in branches[: self.guesses + 1]:
+        for branch in branches:  # prompt lookup's and at most G from the pool
             for i, token in enumerate(branch):
                 parents.append(-1 if i == 0 else len(tokens) - 1)
                 tokens.append(token)
