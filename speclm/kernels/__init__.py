@@ -3,6 +3,8 @@ per machine."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
@@ -36,6 +38,25 @@ def build_name() -> str:
     return f"speclm_cpu_kernels_{digest}"
 
 
+@contextlib.contextmanager
+def _build_lock(build_dir: Path):
+    """One process at a time loads or builds a given extension. torch guards its build with a plain
+    `lock` file that a killed process leaves behind, and every later load then waits on it forever. We
+    hold an flock (the OS frees it when its holder dies) around torch's: whoever holds ours knows any
+    `lock` file it finds is stale, and removes it."""
+    with open(build_dir / "speclm.flock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print("speclm: waiting for another process's kernel build...", file=sys.stderr, flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        stale = build_dir / "lock"
+        if stale.exists():
+            print("speclm: removing a kernel-build lock left by a killed process", file=sys.stderr, flush=True)
+            stale.unlink(missing_ok=True)
+        yield
+
+
 @functools.cache
 def cpu_kernels() -> ModuleType | None:
     """The compiled kernels module, or None when disabled (SPECLM_CPU_KERNELS=0) or when the build
@@ -50,14 +71,15 @@ def cpu_kernels() -> ModuleType | None:
     if not (build_dir / f"{name}.so").exists():
         print("speclm: compiling the CPU kernels (once per machine, about 30-60 s)...", file=sys.stderr, flush=True)
     try:
-        return cpp_extension.load(
-            name=name,
-            sources=[str(s) for s in SOURCES],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(build_dir),
-            verbose=False,
-        )
+        with _build_lock(build_dir):
+            return cpp_extension.load(
+                name=name,
+                sources=[str(s) for s in SOURCES],
+                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build_dir),
+                verbose=False,
+            )
     except (RuntimeError, OSError, ImportError, subprocess.CalledProcessError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(

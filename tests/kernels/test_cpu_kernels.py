@@ -280,3 +280,24 @@ def test_layers_on_the_kernels_can_be_deep_copied():
     x = torch.randn(2, 64, generator=g)
     for layer in (Int4Linear(torch.randn(32, 64, generator=g)), W8A8Linear(torch.randn(32, 64, generator=g))):
         assert torch.equal(copy.deepcopy(layer)(x), layer(x))
+
+
+@needs_kernels
+def test_a_lock_file_left_by_a_killed_build_does_not_hang_the_next_load(tmp_path):
+    """torch's build baton is a plain file; a process killed mid-build leaves it behind, and every later
+    load used to wait on it forever. Our flock marks it stale: the load removes it and goes on."""
+    import shutil
+    import subprocess
+    import sys
+
+    from speclm.kernels import CACHE_ENV, build_name
+
+    built = kernels_module.Path(kernels.__file__).parent
+    shutil.copytree(built, tmp_path / build_name())  # the built extension: loading it needs no compile
+    (tmp_path / build_name() / "lock").touch()
+    code = "from speclm.kernels import cpu_kernels; assert cpu_kernels() is not None"
+    env = {**kernels_module.os.environ, CACHE_ENV: str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr
+    assert "removing a kernel-build lock left by a killed process" in run.stderr
+    assert not (tmp_path / build_name() / "lock").exists()
