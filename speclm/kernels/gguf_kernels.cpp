@@ -62,17 +62,19 @@ Geometry geometry(int64_t type) {
   }
 }
 
-// A zeroed byte tensor whose memory the kernel is asked to back with 2 MB pages (Linux, THP in madvise
-// mode): streaming a model's weights through 4 kB pages costs a TLB miss every 4 kB.
-at::Tensor huge_page_zeros(int64_t bytes, const at::TensorOptions& options) {
+// A byte tensor for `out_blocks` packed output blocks of `block_bytes` each, whose memory the kernel is
+// asked to back with 2 MB pages (Linux, THP in madvise mode): streaming a model's weights through 4 kB
+// pages costs a TLB miss every 4 kB. Packing writes every byte of a full output block, so only the last
+// one is zeroed, for its padding outputs (a pass over the whole model's memory is time at load).
+at::Tensor packed_buffer(int64_t out_blocks, int64_t block_bytes, const at::TensorOptions& options) {
+  const int64_t bytes = out_blocks * block_bytes;
   auto t = at::empty({bytes}, options);
 #if defined(__linux__)
   const uintptr_t huge = 2u << 20, p = reinterpret_cast<uintptr_t>(t.data_ptr());
   const uintptr_t start = (p + huge - 1) & ~(huge - 1), end = (p + static_cast<uintptr_t>(bytes)) & ~(huge - 1);
   if (end > start) madvise(reinterpret_cast<void*>(start), end - start, MADV_HUGEPAGE);
 #endif
-  uint8_t* data = t.data_ptr<uint8_t>();
-  at::parallel_for(0, bytes, 1 << 20, [&](int64_t begin, int64_t end) { std::memset(data + begin, 0, end - begin); });
+  if (out_blocks > 0) std::memset(t.data_ptr<uint8_t>() + bytes - block_bytes, 0, block_bytes);
   return t;
 }
 
@@ -204,20 +206,32 @@ void pack_block(const Geometry& g, int64_t type, const Decoded& dec, int l, uint
   }
   uint8_t* units = record + g.param_bytes;
   const int64_t ub = unit_bytes(g.bits);
+  // Input k = 4 * quad + j of a unit lands in byte 4 * l + j of row group `quad` (8-bit codes), or in the
+  // low (quad < 4) or high nibble of group quad % 4, its high bits in the bit planes after byte 256.
+  // Every byte of row l is written whole here (no read-modify-write), so rows pack independently.
   for (int64_t u = 0; u < g.block_weights / 32; ++u) {
-    uint8_t* unit = units + u * ub;
+    uint8_t* unit = units + u * ub + 4 * l;
     const uint8_t* c = dec.codes + 32 * u;
-    for (int k = 0; k < 32; ++k) {
-      const int quad = k / 4, j = k % 4, byte = 4 * l + j;
-      if (g.bits == 8) {
-        unit[64 * quad + byte] = c[k];
-        continue;
+    if (g.bits == 8) {
+      for (int quad = 0; quad < 8; ++quad) std::memcpy(unit + 64 * quad, c + 4 * quad, 4);
+      continue;
+    }
+    for (int quad = 0; quad < 4; ++quad)
+      for (int j = 0; j < 4; ++j)
+        unit[64 * quad + j] = static_cast<uint8_t>((c[4 * quad + j] & 0xF) | ((c[16 + 4 * quad + j] & 0xF) << 4));
+    if (g.bits == 5) {
+      for (int j = 0; j < 4; ++j) {
+        uint8_t plane = 0;
+        for (int quad = 0; quad < 8; ++quad) plane |= static_cast<uint8_t>(((c[4 * quad + j] >> 4) & 1) << quad);
+        unit[256 + j] = plane;
       }
-      const uint8_t nibble = c[k] & 0xF;
-      uint8_t& slot = unit[64 * (quad % 4) + byte];
-      slot = quad < 4 ? static_cast<uint8_t>((slot & 0xF0) | nibble) : static_cast<uint8_t>((slot & 0x0F) | (nibble << 4));
-      if (g.bits == 5) unit[256 + byte] |= static_cast<uint8_t>(((c[k] >> 4) & 1) << quad);
-      if (g.bits == 6) unit[256 + 64 * (quad / 4) + byte] |= static_cast<uint8_t>(((c[k] >> 4) & 3) << (2 * (quad % 4)));
+    } else if (g.bits == 6) {
+      for (int half = 0; half < 2; ++half)
+        for (int j = 0; j < 4; ++j) {
+          uint8_t plane = 0;
+          for (int q = 0; q < 4; ++q) plane |= static_cast<uint8_t>(((c[4 * (4 * half + q) + j] >> 4) & 3) << (2 * q));
+          unit[256 + 64 * half + j] = plane;
+        }
     }
   }
 }
@@ -354,7 +368,7 @@ at::Tensor gguf_pack(const at::Tensor& raw, int64_t type, const at::Tensor& orde
     order_c = order.to(at::kLong).contiguous();
     TORCH_CHECK(order_c.numel() == n, "gguf_pack: one source row per output");
   }
-  auto packed = huge_page_zeros(out_blocks * blocks * rb, raw.options());
+  auto packed = packed_buffer(out_blocks, blocks * rb, raw.options());
   const uint8_t* src = raw.data_ptr<uint8_t>();
   uint8_t* dst = packed.data_ptr<uint8_t>();
   const int64_t* idx = ordered ? order_c.data_ptr<int64_t>() : nullptr;
@@ -408,7 +422,7 @@ at::Tensor gguf_select_rows(const at::Tensor& packed, int64_t type, int64_t k_in
   const int64_t src_blocks = packed.numel() / (blocks * rb), out_blocks = (count + 15) / 16;
   const int64_t* r = rows_c.data_ptr<int64_t>();
   for (int64_t i = 0; i < count; ++i) TORCH_CHECK(r[i] >= 0 && r[i] < src_blocks * 16, "gguf_select_rows: row out of range");
-  auto out = huge_page_zeros(out_blocks * blocks * rb, packed.options());
+  auto out = packed_buffer(out_blocks, blocks * rb, packed.options());
   const uint8_t* src = packed.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   at::parallel_for(0, out_blocks, 1, [&](int64_t begin, int64_t end) {

@@ -108,6 +108,7 @@ class NativeSource:
         self.t = checkpoint.tensors  # speclm.models.gguf_loader.LazyTensors
         self.requantize = requantize
         self.floats = FloatSource(checkpoint, WeightFormat("fp32"), torch.float32, "cpu")
+        self._scratch = torch.empty(0, dtype=torch.uint8)  # file bytes of the tensor being repacked
 
     def tensor(self, name: str) -> torch.Tensor:
         return self.t[name]
@@ -116,7 +117,10 @@ class NativeSource:
         type_name = self.t.type_name(name)
         if type_name not in NATIVE_TYPES:
             return self.t[name]
-        return Segment.from_raw(type_name, self.t.raw(name), self.t.rotary_row_order(name))
+        size = self.t.byte_size(name)
+        if self._scratch.numel() < size:
+            self._scratch = torch.empty(size, dtype=torch.uint8)
+        return Segment.from_raw(type_name, self.t.raw(name, self._scratch), self.t.rotary_row_order(name))
 
     def linear(self, names: list[str], bias: torch.Tensor | None, head: bool = False) -> nn.Module:
         parts = [self._part(n) for n in names]

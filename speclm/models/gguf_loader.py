@@ -160,15 +160,21 @@ class LazyTensors(Mapping):
         """A tensor's shape in PyTorch's [out, in] orientation, without reading it."""
         return tuple(reversed(self._tensors[name].shape))
 
+    def byte_size(self, name: str) -> int:
+        """A tensor's bytes in the file."""
+        return self._tensors[name].n_bytes
+
     def type_name(self, name: str) -> str:
         """The GGUF type of a tensor (Q4_K, F32, ...)."""
         return self._tensors[name].type_name
 
-    def raw(self, name: str) -> torch.Tensor:
+    def raw(self, name: str, scratch: torch.Tensor | None = None) -> torch.Tensor:
         """A 2-d tensor's bytes as stored, [rows (outputs), row_bytes] uint8, read with a plain file read:
-        nothing of the file stays mapped in memory once the caller has repacked them."""
+        nothing of the file stays mapped in memory once the caller has repacked them. With `scratch` (a
+        uint8 tensor of at least that many bytes) they land there: a loader reusing one buffer for every
+        tensor touches fresh memory once, not once per tensor."""
         t = self._tensors[name]
-        buffer = torch.empty(t.n_bytes, dtype=torch.uint8)
+        buffer = torch.empty(t.n_bytes, dtype=torch.uint8) if scratch is None else scratch[: t.n_bytes]
         try:
             self.file.read(t, memoryview(buffer.numpy()))
         except GGUFFormatError as e:
