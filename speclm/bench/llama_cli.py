@@ -58,7 +58,9 @@ class LlamaCliPeer:
             cmd += ["-md", self.draft, "-td", str(self.threads), "--spec-draft-n-max", str(self.k)]
         return cmd
 
-    def generate(self, prompt_text: str, max_tokens: int) -> PeerRun:
+    family = "llama.cpp"  # its greedy text is checked against the first peer of its family (llama.cpp AR)
+
+    def generate(self, prompt_ids: list[int], prompt_text: str, max_tokens: int) -> PeerRun:
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
             f.write(prompt_text)
         try:

@@ -40,8 +40,9 @@ def run_methods(
     peers: list | None = None,
 ) -> list[dict]:
     """One record per (prompt, method). Methods run interleaved per prompt so that drifts in the
-    machine's speed affect them alike. `peers` (speclm.bench.llama_cli.LlamaCliPeer) run after speclm's
-    methods on each prompt; their greedy agreement is checked against the first peer (its own AR)."""
+    machine's speed affect them alike. `peers` (speclm.bench.llama_cli.LlamaCliPeer,
+    speclm.bench.peers.TransformersBenchPeer) run after speclm's methods on each prompt; their greedy
+    agreement is checked against the first peer of their family (that engine's own AR)."""
     peers = peers or []
     llms = {m: method_llm(base, m, k, adaptive) for m in methods}
     encoded = [
@@ -90,11 +91,11 @@ def run_methods(
                 }
             )
             bar.update(1)
-        peer_reference = None
+        peer_reference: dict[str, str] = {}
         for peer in peers:
-            run = peer.generate(base.tokenizer.decode(ids, skip_special_tokens=False), params.max_tokens)
-            peer_reference = run.text if peer_reference is None else peer_reference
-            records.append(peer_record(prompt, peer.name, run, same_text(run.text, peer_reference)))
+            run = peer.generate(ids, base.tokenizer.decode(ids, skip_special_tokens=False), params.max_tokens)
+            family_reference = peer_reference.setdefault(peer.family, run.text)
+            records.append(peer_record(prompt, peer.name, run, same_text(run.text, family_reference)))
             bar.update(1)
     bar.close()
     return records

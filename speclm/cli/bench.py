@@ -61,9 +61,10 @@ def register(sub) -> None:
     p.add_argument(
         "--peers",
         default="",
-        help="comma-separated peers to time in the same run, prompt by prompt: transformers, llama.cpp (plain "
-        "decoding), llama-speculative (with the draft of the first draft:PATH method), llama-lookup (prompt lookup); "
-        "the llama ones need --llama-bin (with --compare: llama.cpp,transformers through llama-cpp-python)",
+        help="comma-separated peers to time in the same run, prompt by prompt: llama.cpp (plain decoding), "
+        "llama-speculative (with the draft of the first draft:PATH method), llama-lookup (prompt lookup), "
+        "transformers (fp32 generate), transformers-assisted (assistant_model = that draft); the llama ones need "
+        "--llama-bin (with --compare: llama.cpp,transformers through llama-cpp-python)",
     )
     p.add_argument(
         "--llama-bin",
@@ -100,12 +101,36 @@ def register(sub) -> None:
     p.set_defaults(run=run)
 
 
+def first_draft(methods: list[str]) -> str | None:
+    """The model of the first draft:PATH[,options] method (what the speculative peers draft with)."""
+    from speclm.bench.spec_bench import parse_method
+
+    specs = [parse_method(m, 1, False)[0] for m in methods if m.startswith("draft:")]
+    drafts = [s.split(":", 1)[1].split(",")[0] for s in specs]
+    return drafts[0] if drafts else None
+
+
 def llama_peer(name: str, model_path: str, methods: list[str], args: argparse.Namespace):
     """A llama.cpp program on the same model; llama-speculative takes the first draft:PATH method's model
     and --k as its maximum draft length."""
-    drafts = [m.split(":", 1)[1].split(",")[0] for m in methods if m.startswith("draft:")]
     threads = args.threads or os.cpu_count() or 1
-    return LlamaCliPeer(name, args.llama_bin, model_path, threads, drafts[0] if drafts else None, args.k)
+    return LlamaCliPeer(name, args.llama_bin, model_path, threads, first_draft(methods), args.k)
+
+
+TRANSFORMERS_PEERS = ["transformers", "transformers-assisted"]
+
+
+def transformers_peer(name: str, llm, methods: list[str], args: argparse.Namespace):
+    """transformers' greedy generate (fp32) on the same file; -assisted with the first draft:PATH method's
+    model as its assistant_model, starting at --k drafts."""
+    from speclm.bench.peers import TransformersBenchPeer, TransformersPeer
+
+    def decode(ids: list[int]) -> str:
+        return llm.tokenizer.decode(ids, skip_special_tokens=False)
+
+    print(f"loading peer {name} (transformers, fp32) ...", file=sys.stderr)
+    assistant = first_draft(methods) if name == "transformers-assisted" else None
+    return TransformersBenchPeer(TransformersPeer(llm.model_path, assistant=assistant, assistant_tokens=args.k), decode)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -148,8 +173,11 @@ def run(args: argparse.Namespace) -> int:
         SpecConfig.parse(*parse_method(method, args.k, not args.no_adaptive))  # fails before the slow load
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     for peer in peers:
-        if peer != "transformers" and peer not in LLAMA_PEERS:
-            raise ValueError(f"unknown peer {peer!r} (supported: transformers, {', '.join(LLAMA_PEERS)})")
+        if peer not in TRANSFORMERS_PEERS and peer not in LLAMA_PEERS:
+            supported = ", ".join([*TRANSFORMERS_PEERS, *LLAMA_PEERS])
+            raise ValueError(f"unknown peer {peer!r} (supported: {supported})")
+    if any(p in ("llama-speculative", "transformers-assisted") for p in peers) and not first_draft(methods):
+        raise ValueError("peers llama-speculative and transformers-assisted need a draft:PATH method (their draft)")
     if any(p in LLAMA_PEERS for p in peers) and not (args.llama_bin and os.path.isdir(args.llama_bin)):
         raise ValueError(f"llama.cpp peers need --llama-bin DIR (or $LLAMA_CPP_BIN), got {args.llama_bin!r}")
     params = SamplingParams(
@@ -162,44 +190,12 @@ def run(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.prompts, args.per_category or None, categories)
     args.spec = None
     llm = load_llm(args)
-    llama_peers = [llama_peer(name, llm.model_path, methods, args) for name in LLAMA_PEERS if name in peers]
+    bench_peers = [llama_peer(name, llm.model_path, methods, args) for name in LLAMA_PEERS if name in peers]
+    bench_peers += [transformers_peer(name, llm, methods, args) for name in TRANSFORMERS_PEERS if name in peers]
     records = run_methods(
-        llm, prompts, methods, params, args.k, not args.no_adaptive, chat=not args.no_chat, peers=llama_peers
+        llm, prompts, methods, params, args.k, not args.no_adaptive, chat=not args.no_chat, peers=bench_peers
     )
-    methods += [p.name for p in llama_peers]
-
-    if "transformers" in peers:
-        from speclm.bench.peers import transformers_greedy
-
-        ids = [
-            llm.tokenizer.encode_chat([{"role": "user", "content": p["text"]}])
-            if not args.no_chat
-            else llm.tokenizer.encode(p["text"])
-            for p in prompts
-        ]
-        print("timing transformers generate (fp32) on the same prompts ...", file=sys.stderr)
-        for prompt, result in zip(prompts, transformers_greedy(llm.model_path, ids, args.max_tokens)):
-            records.append(
-                {
-                    "prompt_id": prompt["id"],
-                    "category": prompt["category"],
-                    "method": "transformers",
-                    "prompt_tokens": 0,
-                    "tokens": result["tokens"],
-                    "seconds": result["seconds"],
-                    "decode_seconds": result["seconds"],
-                    "target_forwards": result["tokens"],
-                    "decode_steps": result["tokens"],
-                    "decode_tokens": result["tokens"],
-                    "drafted": 0,
-                    "accepted": 0,
-                    "drafted_per_position": [],
-                    "accepted_per_position": [],
-                    "proposer_seconds": 0.0,
-                    "matches_first_method": True,
-                }
-            )
-        methods = methods + ["transformers"]
+    methods += [p.name for p in bench_peers]
 
     summary = aggregate(records)
     machine = machine_info()
