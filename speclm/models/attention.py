@@ -272,14 +272,6 @@ def self_attention(
     kernels = rope_kernels(qkv, cos, k_cache)
     if kernels is not None:  # one call: rotate, write keys/values to their slots, return q
         q = kernels.rope_qkv(qkv, cos, sin, h, kv, k_cache, v_cache, meta.write_slots(qkv.device))
-        import os
-
-        if os.environ.get("SPECLM_F16KV"):
-            s = meta.write_slots(qkv.device)
-            k_cache[:, s] = k_cache[:, s].half().float()
-            v_cache[:, s] = v_cache[:, s].half().float()
-            if os.environ.get("SPECLM_F16KV") == "2":
-                q = q.half().float()
     else:
         if qkv.dtype != cos.dtype:
             qkv = qkv.to(cos.dtype)
