@@ -60,13 +60,14 @@ class ProposerFactory:
         return EagleProposer(self.target, head, name=spec.label, **options)
 
 
-def build_draft_proposer(spec: SpecConfig, target_vocab_size: int) -> DraftModelProposer:
-    """The proposer of a draft:PATH spec (its model loaded), for a target of `target_vocab_size` tokens.
-    The in-process factory and a deployment's draft service (speclm/deploy/) both build it here."""
+def build_draft_proposer(spec: SpecConfig, target_vocab_size: int | None) -> DraftModelProposer:
+    """The proposer of a draft:PATH spec (its model loaded), for a target of `target_vocab_size` tokens
+    (None: checked elsewhere, as a deployment's target service does). The in-process factory and a
+    deployment's draft service (speclm/deploy/) both build it here."""
     path, options = spec.draft_path_and_options()
     draft = build_model(load_checkpoint(path), weights=options["weights"])
     vocab = draft.config.vocab_size
-    if vocab != target_vocab_size:
+    if target_vocab_size is not None and vocab != target_vocab_size:
         raise ValueError(
             f"draft model {path} has vocabulary {vocab}, the target {target_vocab_size}; they must share a tokenizer"
         )
