@@ -43,6 +43,8 @@ class DeployConfig:
         for name in ("draft_replicas", "target_replicas", "spec_max_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if not 1 <= self.max_draft_tokens <= 32:
+            raise ValueError(f"max-draft-tokens must be in 1..32, got {self.max_draft_tokens}")
         if not self.draft_timeout > 0:
             raise ValueError(f"draft-timeout must be > 0 seconds, got {self.draft_timeout}")
         if self.threads is not None and self.threads < 1:
