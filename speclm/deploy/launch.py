@@ -71,7 +71,7 @@ def start(
 
 
 def target_handle() -> DeploymentHandle:
-    """The running deployment's target service (its draft_call_stats, for benchmarks and tests)."""
+    """The running deployment's target service (its call_stats, for benchmarks and tests)."""
     return serve.get_deployment_handle(TargetService.name, app_name=APP_NAME)
 
 

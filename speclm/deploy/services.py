@@ -92,6 +92,7 @@ class TargetService:
         )
         self.engine = AsyncEngine(engine)
         self.engine.start()
+        self.finished = {"target_seconds": 0.0, "proposer_seconds": 0.0, "decode_steps": 0}
 
     def limits(self) -> PromptLimits:
         return self.engine.limits
@@ -99,13 +100,19 @@ class TargetService:
     def vocab_size(self) -> int:
         return self.engine.limits.vocab_size
 
-    def draft_call_stats(self) -> dict:
-        """This replica's draft calls so far (DraftCallStats.to_dict)."""
-        return self.draft_stats.to_dict()
+    def call_stats(self) -> dict:
+        """This replica's draft calls (DraftCallStats.to_dict) and, over its finished sequences, the target
+        model's seconds, the proposer's seconds (draft calls as the engine timed them) and decoding steps."""
+        return {**self.draft_stats.to_dict(), **self.finished}
 
     async def generate(self, request: Request, n: int = 1, prompt: str | None = None) -> AsyncIterator[SequenceOutput]:
         """The request's outputs as the engine commits them (stream this call)."""
         async for out in self.engine.generate(request, n, prompt):
+            if out.output is not None:
+                stats = out.output.stats
+                self.finished["target_seconds"] += stats.target_seconds
+                self.finished["proposer_seconds"] += stats.proposer_seconds
+                self.finished["decode_steps"] += stats.decode_steps
             yield out
 
     def __del__(self) -> None:

@@ -74,7 +74,7 @@ def post(base: str, body: dict, timeout: float = 60.0) -> httpx.Response:
 
 
 def draft_stats(launch) -> dict:
-    return launch.target_handle().draft_call_stats.remote().result(timeout_s=30)
+    return launch.target_handle().call_stats.remote().result(timeout_s=30)
 
 
 def kill_replicas(deployment_name: str) -> int:
