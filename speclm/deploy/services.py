@@ -97,9 +97,6 @@ class TargetService:
     def limits(self) -> PromptLimits:
         return self.engine.limits
 
-    def vocab_size(self) -> int:
-        return self.engine.limits.vocab_size
-
     def call_stats(self) -> dict:
         """This replica's draft calls (DraftCallStats.to_dict) and, over its finished sequences, the target
         model's seconds, the proposer's seconds (draft calls as the engine timed them) and decoding steps."""
