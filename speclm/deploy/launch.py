@@ -12,6 +12,7 @@ from speclm.deploy.config import APP_NAME, DeployConfig
 from speclm.deploy.services import Coordinator, DraftService, TargetService
 
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20  # a new local instance's object store: calls carry token ids, not tensors
+WORKER_NICENESS_ENV = "RAY_worker_niceness"
 DRAFT_MAX_ONGOING_CALLS = 64  # one per speculating sequence of every target replica, with room to spare
 
 
@@ -42,7 +43,9 @@ def build_application(config: DeployConfig):
 
 
 def init_local_ray(num_cpus: int | None = None, log_to_driver: bool = True) -> None:
-    """A new Ray instance on this machine, on loopback, whose workers import this process's speclm."""
+    """A new Ray instance on this machine, on loopback, whose workers import this process's speclm and run
+    at normal priority (Ray starts workers at niceness 15, and a model service must not lose the CPU to
+    every other process on the machine)."""
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
     ray.init(
@@ -51,7 +54,7 @@ def init_local_ray(num_cpus: int | None = None, log_to_driver: bool = True) -> N
         object_store_memory=LOCAL_OBJECT_STORE_BYTES,
         include_dashboard=False,
         log_to_driver=log_to_driver,
-        runtime_env={"env_vars": {"PYTHONPATH": path}},
+        runtime_env={"env_vars": {"PYTHONPATH": path, WORKER_NICENESS_ENV: "0"}},
         _node_ip_address="127.0.0.1",
     )
 
@@ -65,7 +68,7 @@ def start(
         if ray_address is None and not os.environ.get("RAY_ADDRESS"):
             init_local_ray()
         else:
-            ray.init(address=ray_address, include_dashboard=False)
+            ray.init(address=ray_address, runtime_env={"env_vars": {WORKER_NICENESS_ENV: "0"}})
     serve.start(http_options={"host": host, "port": port})
     return serve.run(build_application(config), name=APP_NAME, route_prefix="/")
 
