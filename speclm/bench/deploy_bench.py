@@ -52,7 +52,7 @@ def workload(texts: list[str], concurrency: int) -> list[int]:
 
 def run_in_process(args, prompts: list[list[int]], levels: list[int]) -> dict:
     """The engine in this process with the draft in this process (what `speclm serve --spec draft:D` runs)."""
-    from speclm import LLM
+    from speclm.llm import LLM
 
     llm = LLM(args.model, tokenizer=args.tokenizer, spec=f"draft:{args.draft}", num_speculative_tokens=args.k,
               adaptive=False, threads=args.threads)  # fmt: skip

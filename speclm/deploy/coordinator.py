@@ -55,8 +55,9 @@ class TargetClient:
             ) from e
         except RayTaskError as e:  # raised inside the target service: its own error, e.g. RequestFailedError
             done = True
-            cause = e.cause if isinstance(e.cause, Exception) else e
-            raise (cause if isinstance(cause, (RequestFailedError, ValueError)) else RequestFailedError(str(e))) from e
+            if isinstance(e.cause, (RequestFailedError, ValueError)):
+                raise e.cause from e
+            raise RequestFailedError(f"the target service failed this request: {type(e.cause).__name__}") from e
         finally:
             if not done:  # the client went away: stop the target's work on it
                 stream.cancel()
