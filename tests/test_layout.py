@@ -19,7 +19,7 @@ LAYERS = [
     ["speclm.engine"],
     ["speclm.llm"],
     ["speclm.server", "speclm.compress"],
-    ["speclm.distill"],
+    ["speclm.distill", "speclm.deploy"],
     ["speclm.bench"],
     ["speclm.cli"],
     ["speclm.__main__", "speclm"],

@@ -6,10 +6,10 @@ import argparse
 import sys
 import warnings
 
-from speclm.cli import bench, chat, distill, eval, export, generate, merge, prune, quantize, serve
+from speclm.cli import bench, chat, deploy, distill, eval, export, generate, merge, prune, quantize, serve
 
 # Each module exposes register(subparsers) that adds its parser with set_defaults(run=...).
-COMMANDS = [generate, chat, serve, bench, eval, quantize, prune, merge, export, distill]
+COMMANDS = [generate, chat, serve, deploy, bench, eval, quantize, prune, merge, export, distill]
 
 
 def build_parser() -> argparse.ArgumentParser:

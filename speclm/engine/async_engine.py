@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from speclm.engine.engine import Engine
-from speclm.engine.request import Request, SequenceOutput
+from speclm.engine.request import PromptLimits, Request, SequenceOutput
 
 
 class RequestFailedError(RuntimeError):
@@ -79,6 +79,10 @@ class AsyncEngine:
     @property
     def alive(self) -> bool:
         return self.fatal is None and self._thread is not None and self._thread.is_alive()
+
+    @property
+    def limits(self) -> PromptLimits:
+        return self.engine.limits
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:

@@ -15,7 +15,7 @@ import torch
 
 from speclm.config import CacheConfig, SpecConfig
 from speclm.engine.model_runner import ModelRunner, RowLogits
-from speclm.engine.request import GenerationStats, Request, RequestOutput, SequenceOutput
+from speclm.engine.request import GenerationStats, PromptLimits, Request, RequestOutput, SequenceOutput
 from speclm.engine.scheduler import ScheduledChunk, Scheduler
 from speclm.engine.sequence import Sequence, SequenceState
 from speclm.engine.speculation import Speculation
@@ -77,24 +77,20 @@ class Engine:
         self.num_steps = 0
 
     # -- requests ----------------------------------------------------------------------
+    @property
+    def limits(self) -> PromptLimits:
+        return PromptLimits(
+            self.runner.config.vocab_size,
+            self.max_total_tokens,
+            self.config.max_num_seqs,
+            self.runner.context_length,
+            self.block_manager.num_blocks * self.config.block_size,
+        )
+
     def check_prompt(self, prompt_ids: list[int]) -> None:
         """ValueError when the prompt is empty, has ids outside the vocabulary, or leaves no room for
         one generated token."""
-        if not prompt_ids:
-            raise ValueError("the prompt is empty (no tokens): give at least one token")
-        vocab = self.runner.config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_ids):
-            raise ValueError(f"prompt token ids must be in 0..{vocab - 1}")
-        if len(prompt_ids) >= self.max_total_tokens:
-            context, pool = self.runner.context_length, self.block_manager.num_blocks * self.config.block_size
-            limit = (
-                f"the model's context is {context} tokens"
-                if self.max_total_tokens == context
-                else f"the KV cache holds {pool} tokens"
-            )
-            raise ValueError(
-                f"prompt is {len(prompt_ids)} tokens but {limit} (it needs room for at least one generated token)"
-            )
+        self.limits.check_prompt(prompt_ids)
 
     def add_request(
         self, request: Request, n: int = 1, prompt: str | None = None, spec: SpecConfig | None | str = ENGINE_DEFAULT

@@ -18,7 +18,7 @@ from speclm.server.errors import install_error_handlers, openapi_with_error_resp
 from speclm.server.gate import Gate
 from speclm.server.metrics import ServerMetrics
 from speclm.server.routes import router
-from speclm.server.service import GenerationService
+from speclm.server.service import GenerationBackend, GenerationService
 from speclm.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -26,10 +26,13 @@ if TYPE_CHECKING:
 
 
 def create_app(
-    engine: AsyncEngine, tokenizer: Tokenizer, config: ServerConfig | None = None, metrics: ServerMetrics | None = None
+    engine: GenerationBackend,
+    tokenizer: Tokenizer,
+    config: ServerConfig | None = None,
+    metrics: ServerMetrics | None = None,
 ) -> FastAPI:
-    """An app serving `engine`; the engine thread runs while the app does (`app.state.service` holds
-    engine, tokenizer, limits and metrics)."""
+    """An app serving `engine` (an AsyncEngine, or a deployment's target client), started and stopped with
+    the app (`app.state.service` holds engine, tokenizer, limits and metrics)."""
     config = config or ServerConfig()
     metrics = metrics or ServerMetrics()
     engine.observer = metrics
@@ -38,7 +41,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         engine.start()
-        metrics.update_engine(engine.engine, service.in_flight)
+        service.update_metrics()
         try:
             yield
         finally:

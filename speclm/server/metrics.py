@@ -74,10 +74,13 @@ class ServerMetrics:
         for t in itl:
             self.itl.observe(t)
 
-    def update_engine(self, engine: Engine, in_flight: int | None = None) -> None:
-        """Refresh the gauges that mirror engine state (and the server's requests in flight)."""
+    def update_engine(self, engine: Engine | None, in_flight: int | None = None) -> None:
+        """Refresh the gauges that mirror engine state (and the server's requests in flight); no engine
+        (a deployment's coordinator: the engine runs in the target service) leaves them unset."""
         if in_flight is not None:
             self.in_flight.set(in_flight)
+        if engine is None:
+            return
         blocks = engine.block_manager
         self.running.set(len(engine.scheduler.running))
         self.waiting.set(len(engine.scheduler.waiting))

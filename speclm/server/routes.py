@@ -44,7 +44,7 @@ async def health(raw: Request) -> JSONResponse:
 @router.get("/metrics", response_class=Response, responses={401: ERROR_RESPONSES[401]})
 async def metrics(raw: Request) -> Response:
     service = service_of(raw)
-    service.metrics.update_engine(service.engine.engine, service.in_flight)
+    service.update_metrics()
     return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
 

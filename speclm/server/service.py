@@ -10,13 +10,15 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from speclm.engine.async_engine import AsyncEngine, EngineStoppedError, RequestFailedError
+from speclm.engine.async_engine import EngineObserver, EngineStoppedError, RequestFailedError
+from speclm.engine.engine import Engine
+from speclm.engine.request import PromptLimits, SequenceOutput
 from speclm.engine.request import Request as EngineRequest
-from speclm.engine.request import SequenceOutput
 from speclm.server.config import ServerConfig
 from speclm.server.errors import APIError
 from speclm.server.metrics import ServerMetrics
@@ -24,6 +26,28 @@ from speclm.server.protocol import ChatMessage, _GenerationRequest
 from speclm.tokenizer import Tokenizer
 
 DISCONNECT_POLL_SECONDS = 0.25  # how often a non-streaming request checks that its client is still there
+
+
+class GenerationBackend(Protocol):
+    """What the server drives: the in-process AsyncEngine (`speclm serve`), or a client of the target
+    service of a deployment (`speclm deploy`, speclm/deploy/coordinator.py)."""
+
+    observer: EngineObserver | None
+    engine: Engine | None  # the in-process engine (its gauges go to /metrics); None when it runs elsewhere
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def limits(self) -> PromptLimits: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def generate(self, request: EngineRequest, n: int = 1, prompt: str | None = None) -> AsyncIterator[SequenceOutput]:
+        """The request's outputs as they are committed; RequestFailedError when it fails."""
+        ...
 
 
 @dataclass
@@ -38,7 +62,9 @@ class Submission:
 class GenerationService:
     """One per app: holds the engine, tokenizer, limits and metrics that the routes share."""
 
-    def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, config: ServerConfig, metrics: ServerMetrics) -> None:
+    def __init__(
+        self, engine: GenerationBackend, tokenizer: Tokenizer, config: ServerConfig, metrics: ServerMetrics
+    ) -> None:
         self.engine, self.tokenizer, self.config, self.metrics = engine, tokenizer, config, metrics
         self.created = int(time.time())
         self.in_flight = 0
@@ -72,17 +98,16 @@ class GenerationService:
                 "rate_limit_error",
                 code="rate_limit_exceeded",
             )
-        engine = self.engine.engine
-        self._check_limits(body, prompt_ids)
-        vocab = engine.runner.config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_ids):
-            raise APIError(400, f"prompt token ids must be in 0..{vocab - 1}", param="prompt")
+        limits = self.engine.limits
+        self._check_limits(body, prompt_ids, limits)
+        if any(not 0 <= t < limits.vocab_size for t in prompt_ids):
+            raise APIError(400, f"prompt token ids must be in 0..{limits.vocab_size - 1}", param="prompt")
         try:
-            engine.check_prompt(prompt_ids)
+            limits.check_prompt(prompt_ids)
         except ValueError as e:
             raise APIError(400, str(e), param="prompt", code="context_length_exceeded") from e
         try:
-            params = body.sampling_params(max_tokens or engine.max_total_tokens - len(prompt_ids))
+            params = body.sampling_params(max_tokens or limits.max_total_tokens - len(prompt_ids))
         except ValueError as e:
             raise APIError(400, str(e), param=str(e).split(" ", 1)[0]) from e
         request_id = f"{next(self._ids)}-{uuid.uuid4().hex[:8]}"
@@ -90,9 +115,9 @@ class GenerationService:
         self.metrics.prompt_tokens.inc(len(prompt_ids))
         return Submission(request_id, prompt_ids, self._counted(outputs))
 
-    def _check_limits(self, body: _GenerationRequest, prompt_ids: list[int]) -> None:
-        c, engine = self.config, self.engine.engine
-        max_n = min(c.max_n, engine.config.max_num_seqs)
+    def _check_limits(self, body: _GenerationRequest, prompt_ids: list[int], limits: PromptLimits) -> None:
+        c = self.config
+        max_n = min(c.max_n, limits.max_num_seqs)
         if body.n > max_n:
             raise APIError(400, f"n must be at most {max_n}, got {body.n}", param="n")
         stops = body.stop_strings()
@@ -111,6 +136,10 @@ class GenerationService:
                 param="prompt",
                 code="context_length_exceeded",
             )
+
+    def update_metrics(self) -> None:
+        """Refresh the gauges: requests in flight, and the engine's state when it runs in this process."""
+        self.metrics.update_engine(self.engine.engine, self.in_flight)
 
     async def _counted(self, outputs: AsyncIterator[SequenceOutput]) -> AsyncIterator[SequenceOutput]:
         self.in_flight += 1

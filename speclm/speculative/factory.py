@@ -47,20 +47,7 @@ class ProposerFactory:
         return self._draft_proposer(spec)
 
     def _draft_proposer(self, spec: SpecConfig) -> Proposer:
-        path, options = spec.draft_path_and_options()
-        draft = build_model(load_checkpoint(path), weights=options["weights"])
-        vocab = draft.config.vocab_size
-        if vocab != self.target.config.vocab_size:
-            raise ValueError(
-                f"draft model {path} has vocabulary {vocab}, the target "
-                f"{self.target.config.vocab_size}; they must share a tokenizer"
-            )
-        token_map = load_token_map(path, vocab)
-        if token_map is None and 0 < options["vocab"] < vocab:
-            token_map = frequent_tokens(options["vocab"], vocab, draft.config.eos_token_ids)
-        if options["branch"]:
-            return DraftTreeProposer(draft, options["branch"], name=spec.label, token_map=token_map)
-        return DraftModelProposer(draft, name=spec.label, token_map=token_map)
+        return build_draft_proposer(spec, self.target.config.vocab_size)
 
     def _head_proposer(self, spec: SpecConfig) -> Proposer:
         path, options = spec.head_path_and_options()
@@ -71,6 +58,25 @@ class ProposerFactory:
         if spec.method == "medusa":
             return MedusaProposer(self.target, head, name=spec.label, **options)
         return EagleProposer(self.target, head, name=spec.label, **options)
+
+
+def build_draft_proposer(spec: SpecConfig, target_vocab_size: int | None) -> DraftModelProposer:
+    """The proposer of a draft:PATH spec (its model loaded), for a target of `target_vocab_size` tokens
+    (None: checked elsewhere, as a deployment's target service does). The in-process factory and a
+    deployment's draft service (speclm/deploy/) both build it here."""
+    path, options = spec.draft_path_and_options()
+    draft = build_model(load_checkpoint(path), weights=options["weights"])
+    vocab = draft.config.vocab_size
+    if target_vocab_size is not None and vocab != target_vocab_size:
+        raise ValueError(
+            f"draft model {path} has vocabulary {vocab}, the target {target_vocab_size}; they must share a tokenizer"
+        )
+    token_map = load_token_map(path, vocab)
+    if token_map is None and 0 < options["vocab"] < vocab:
+        token_map = frequent_tokens(options["vocab"], vocab, draft.config.eos_token_ids)
+    if options["branch"]:
+        return DraftTreeProposer(draft, options["branch"], name=spec.label, token_map=token_map)
+    return DraftModelProposer(draft, name=spec.label, token_map=token_map)
 
 
 def frequent_tokens(count: int, vocab_size: int, always: list[int]) -> torch.Tensor:
