@@ -75,3 +75,15 @@ class PagedKVCache:
         dst_index = torch.tensor(dst, device=self.keys.device)
         for t in self._tensors():
             t[:, :, dst_index] = t[:, :, src_index]
+
+    def compact(self, src: list[int], kept: torch.Tensor, dst: list[int]) -> None:
+        """Token-granular eviction of one sequence whose entries sit at slots `src`: per layer and KV
+        head, entry kept[layer, head, j] moves to slot dst[j]. kept is [layers, kv_heads, len(dst)]
+        int64; each (layer, head) keeps its own entries. Sources are read before any is written."""
+        device = self.keys.device
+        src_index = torch.tensor(src, device=device)
+        dst_index = torch.tensor(dst, device=device)
+        kept = kept.to(device)
+        for t in self._tensors():
+            entries = t[:, :, src_index]  # [layers, kv_heads, len(src), head_dim (1 for scales)]
+            t[:, :, dst_index] = entries.gather(2, kept[..., None].expand(-1, -1, -1, t.shape[-1]))
