@@ -124,6 +124,19 @@ def _is_fraction(value: str) -> bool:
 EVICTION_POLICIES = ("streaming", "h2o", "snapkv")
 
 
+def parse_kv_budget(value: str | None) -> int | float | None:
+    """A --kv-budget value: a whole number of tokens ("512") or a fraction of the sequence ("0.25")."""
+    if value is None:
+        return None
+    text = value.strip()
+    try:
+        return int(text) if text.lstrip("-").isdigit() else float(text)
+    except ValueError:
+        raise ValueError(
+            f"--kv-budget takes tokens (e.g. 512) or a fraction in (0, 1) (e.g. 0.25), got {value!r}"
+        ) from None
+
+
 @dataclass
 class CacheConfig:
     """The paged KV cache and the batch it serves: block size, size of the pool, prefix caching,
