@@ -68,19 +68,21 @@ class KVEvictor:
             return
         width = held + wanted[-1] + 1
         slot_index = torch.tensor(slots[:width], device=self.cache.keys.device)
-        keys = [self.cache.layer(i)[0][:, slot_index] for i in range(self.shape[0])]  # per layer [kv, width, d]
+        if self.cache.quantize:  # int8 slots dequantize per layer
+            keys = torch.stack([self.cache.layer(i)[0][:, slot_index] for i in range(self.shape[0])])
+        else:
+            keys = self.cache.keys[:, :, slot_index]  # [layers, kv_heads, width, head_dim]
         if len(wanted) == n and n > 1 and rows == list(range(n)):
-            # A prompt chunk: its rows in one pass (plain and speculative runs chunk prompts alike).
+            # A prompt chunk: its rows in one pass per layer (plain and speculative runs chunk prompts alike).
             lengths = [held + j + 1 for j in range(n)]
-            weights = torch.stack([attention_weights(q[:, :n], k, lengths) for q, k in zip(queries, keys)])
-            state.add_weights(weights.sum(2).cpu())
+            weights = [attention_weights(q[:, :n], k, lengths).sum(1) for q, k in zip(queries, keys)]
+            state.add_weights(torch.stack(weights).cpu())
             return
+        queries = torch.stack(queries)  # [layers, heads, chunk rows, head_dim]
         for j in wanted:  # one row at a time, in order: the arithmetic of plain decoding's step for it
             length = held + j + 1
-            weights = [
-                attention_weights(q[:, rows[j] : rows[j] + 1], k[:, :length], [length]) for q, k in zip(queries, keys)
-            ]
-            state.add_weights(torch.stack(weights)[:, :, 0].cpu())
+            row = queries[:, :, rows[j] : rows[j] + 1]  # [layers, heads, 1, head_dim]
+            state.add_weights(attention_weights(row, keys[:, :, :length], [length])[:, :, 0].cpu())
 
 
 def draft_room(

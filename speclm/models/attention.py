@@ -248,18 +248,19 @@ class PagedAttentionMetadata:
 
 
 def attention_weights(q: torch.Tensor, keys: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-    """Softmax attention weights of query rows q [heads, n, head_dim] over keys [kv_heads, width, head_dim],
-    row i over the first lengths[i] keys, summed over the query heads of each KV head: [kv_heads, n,
-    width] fp32, 0 past a row's length. KV eviction (H2O, SnapKV) ranks tokens by them; the decoding
-    kernels never form them, so runs without those policies do not pay for them."""
-    kv, n, width = keys.shape[0], q.shape[1], keys.shape[1]
-    group = q.shape[0] // kv
-    logits = torch.matmul(q.reshape(kv, group * n, -1), keys.transpose(1, 2)) * q.shape[-1] ** -0.5
-    logits = logits.view(kv, group, n, width)
+    """Softmax attention weights of query rows q [..., heads, n, head_dim] over keys [..., kv_heads, width,
+    head_dim] (leading dims: e.g. layers), row i over the first lengths[i] keys, summed over the query
+    heads of each KV head: [..., kv_heads, n, width] fp32, 0 past a row's length. KV eviction (H2O,
+    SnapKV) ranks tokens by them; the decoding kernels never form them, so runs without those
+    policies do not pay for them."""
+    *lead, heads, n, head_dim = q.shape
+    kv, width = keys.shape[-3], keys.shape[-2]
+    grouped = q.reshape(*lead, kv, heads // kv * n, head_dim)
+    logits = torch.matmul(grouped, keys.transpose(-1, -2)).view(*lead, kv, heads // kv, n, width) * head_dim**-0.5
     if min(lengths) < width:
         past = torch.arange(width) >= torch.tensor(lengths)[:, None]  # [n, width]
         logits = logits.masked_fill(past.to(logits.device), float("-inf"))
-    return torch.softmax(logits.float(), dim=-1).sum(1)
+    return torch.softmax(logits.float(), dim=-1).sum(-3)
 
 
 def rope_kernels(qkv: torch.Tensor, cos: torch.Tensor, k_cache) -> ModuleType | None:

@@ -84,11 +84,11 @@ def _run(engine, prompt, params, watch=None):
     return tokens
 
 
-@pytest.mark.parametrize("policy", ["h2o", "snapkv"])
-def test_budget_holds_with_sinks_and_recent_tokens_kept(stories_llm, policy):
+@pytest.mark.parametrize("policy, dtype", [("h2o", "auto"), ("snapkv", "auto"), ("h2o", "int8")])
+def test_budget_holds_with_sinks_and_recent_tokens_kept(stories_llm, policy, dtype):
     prompt = stories_llm.encode(STORY)
     budget, seen = 32, []
-    config = CacheConfig(block_size=4, kv_eviction=policy, kv_budget=budget, attention_sinks=4)
+    config = CacheConfig(block_size=4, kv_eviction=policy, kv_budget=budget, attention_sinks=4, kv_cache_dtype=dtype)
     engine = Engine(stories_llm.runner, stories_llm.tokenizer, config)
 
     def watch(engine, state):
