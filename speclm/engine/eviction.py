@@ -67,11 +67,7 @@ class KVEvictor:
         if not wanted:
             return
         width = held + wanted[-1] + 1
-        slot_index = torch.tensor(slots[:width], device=self.cache.keys.device)
-        if self.cache.quantize:  # int8 slots dequantize per layer
-            keys = torch.stack([self.cache.layer(i)[0][:, slot_index] for i in range(self.shape[0])])
-        else:
-            keys = self.cache.keys[:, :, slot_index]  # [layers, kv_heads, width, head_dim]
+        keys = self.cache.gather_keys(slots[:width])  # [layers, kv_heads, width, head_dim]
         if len(wanted) == n and n > 1 and rows == list(range(n)):
             # A prompt chunk: its rows in one pass per layer (plain and speculative runs chunk prompts alike).
             lengths = [held + j + 1 for j in range(n)]

@@ -203,3 +203,10 @@ def test_cache_config_validates_the_eviction_options():
     assert CacheConfig(kv_eviction="streaming", kv_budget=64).streaming_window == 64
     fraction = CacheConfig(kv_eviction="h2o", kv_budget=0.25)
     assert fraction.budget_tokens(1000) == 250 and fraction.budget_tokens(10) == fraction.min_kv_budget
+
+
+def test_gather_keys_reads_whole_blocks_or_slots_alike():
+    cache = PagedKVCache(num_layers=2, num_kv_heads=2, head_dim=4, num_blocks=6, block_size=4)
+    cache.keys.copy_(torch.randn_like(cache.keys))
+    for slots in ([8, 9, 10, 11, 20, 21], [20, 21, 22, 23, 4, 5, 6, 7, 12], [3, 9, 1]):  # blocks 2, 5 / 5, 1, 3 / none
+        assert torch.equal(cache.gather_keys(slots), cache.keys[:, :, slots])
