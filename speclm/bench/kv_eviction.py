@@ -166,7 +166,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (default 1: the machine is shared)")
     ap.add_argument("--out", default="benchmarks/kv_eviction", help="output path without extension")
     args = ap.parse_args()
-    from speclm import LLM
+    from speclm.llm import LLM
 
     llm = LLM(threads=args.threads)
     budgets = [float(b) for b in args.budgets.split(",")]
