@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 SPEC_METHODS_HELP = (
@@ -120,6 +121,22 @@ def _is_fraction(value: str) -> bool:
         return False
 
 
+EVICTION_POLICIES = ("streaming", "h2o", "snapkv")
+
+
+def parse_kv_budget(value: str | None) -> int | float | None:
+    """A --kv-budget value: a whole number of tokens ("512") or a fraction of the sequence ("0.25")."""
+    if value is None:
+        return None
+    text = value.strip()
+    try:
+        return int(text) if text.lstrip("-").isdigit() else float(text)
+    except ValueError:
+        raise ValueError(
+            f"--kv-budget takes tokens (e.g. 512) or a fraction in (0, 1) (e.g. 0.25), got {value!r}"
+        ) from None
+
+
 @dataclass
 class CacheConfig:
     """The paged KV cache and the batch it serves: block size, size of the pool, prefix caching,
@@ -134,7 +151,11 @@ class CacheConfig:
     max_num_batched_tokens: int = 256
     kv_cache_dtype: str = "auto"  # "auto" = the model's dtype; "int8" = int8 with a scale per head and token
     streaming_window: int | None = None  # StreamingLLM: tokens of KV kept per sequence (sinks + recent)
-    attention_sinks: int = 4  # StreamingLLM: first tokens always kept (rounded up to whole blocks)
+    attention_sinks: int = 4  # first tokens always kept (StreamingLLM rounds them up to whole blocks)
+    # KV eviction (docs/runtime.md#kv-eviction): "streaming" (= streaming_window), "h2o" or "snapkv",
+    # with a per-sequence budget: an int of tokens, or a float fraction in (0, 1) of the sequence's length.
+    kv_eviction: str | None = None
+    kv_budget: int | float | None = None
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in ("auto", "int8"):
@@ -145,6 +166,7 @@ class CacheConfig:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
         if not self.kv_cache_mb > 0:
             raise ValueError(f"kv_cache_mb must be > 0, got {self.kv_cache_mb}")
+        self._check_eviction()
         if self.streaming_window is not None and self.streaming_window <= self.attention_sinks:
             raise ValueError(
                 f"streaming_window ({self.streaming_window}) must exceed attention_sinks ({self.attention_sinks})"
@@ -154,6 +176,56 @@ class CacheConfig:
                 f"max_num_seqs and max_num_batched_tokens must be >= 1, "
                 f"got {self.max_num_seqs}, {self.max_num_batched_tokens}"
             )
+
+    def _check_eviction(self) -> None:
+        budget, policy = self.kv_budget, self.kv_eviction
+        if policy is None:
+            if budget is not None:
+                raise ValueError(f"kv_budget ({budget}) needs a kv_eviction policy ({', '.join(EVICTION_POLICIES)})")
+            return
+        if policy not in EVICTION_POLICIES:
+            raise ValueError(f"unknown kv_eviction policy {policy!r}; expected one of {', '.join(EVICTION_POLICIES)}")
+        if budget is None or isinstance(budget, bool) or not isinstance(budget, int | float):
+            raise ValueError(
+                f"kv_eviction {policy!r} needs a kv_budget (tokens, or a fraction in (0, 1)); got {budget!r}"
+            )
+        if isinstance(budget, float) and not 0.0 < budget < 1.0:
+            raise ValueError(f"a fractional kv_budget must be in (0, 1), got {budget}")
+        if isinstance(budget, int) and budget < self.min_kv_budget:
+            raise ValueError(
+                f"kv_budget must be at least {self.min_kv_budget} tokens (the {self.attention_sinks} attention "
+                f"sinks + 4), got {budget}"
+            )
+        if policy == "streaming":
+            if not isinstance(budget, int):
+                raise ValueError(f"the streaming policy takes a budget in tokens, got the fraction {budget}")
+            if self.streaming_window not in (None, budget):
+                raise ValueError(f"streaming_window ({self.streaming_window}) and kv_budget ({budget}) disagree")
+            self.streaming_window = budget
+        elif self.streaming_window is not None:
+            raise ValueError(f"streaming_window is the streaming policy; it does not combine with {policy!r}")
+
+    @property
+    def token_eviction(self) -> bool:
+        """True for the token-granular policies (H2O, SnapKV), which keep any set of a sequence's tokens."""
+        return self.kv_eviction in ("h2o", "snapkv")
+
+    @property
+    def min_kv_budget(self) -> int:
+        return self.attention_sinks + 4
+
+    def eviction_batch(self, budget: int) -> int:
+        """Entries a full sequence drops at once (a block, or less for a small budget): evicting in batches
+        leaves room for draft rows between evictions."""
+        return max(1, min(self.block_size, (budget - self.attention_sinks - 2) // 2))
+
+    def budget_tokens(self, sequence_tokens: int) -> int:
+        """The KV budget, in tokens, of a sequence that may reach `sequence_tokens` tokens (a fraction is
+        rounded up and never goes below min_kv_budget)."""
+        assert self.kv_budget is not None
+        if isinstance(self.kv_budget, float):
+            return max(self.min_kv_budget, math.ceil(self.kv_budget * sequence_tokens))
+        return self.kv_budget
 
     def resolve_num_blocks(self, bytes_per_token: int, context_length: int) -> int:
         """Blocks in the pool for a model storing bytes_per_token of keys+values per token."""

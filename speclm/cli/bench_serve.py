@@ -101,8 +101,12 @@ def run_kv(args: argparse.Namespace) -> int:
     from speclm.sampling_params import SamplingParams
 
     config = cache_config(args)
+    if config.token_eviction:
+        raise ValueError(
+            "bench kv compares int8 and streaming caches; for h2o and snapkv run python -m speclm.bench.kv_eviction"
+        )
     window = config.streaming_window
-    config = dataclasses.replace(config, streaming_window=None)
+    config = dataclasses.replace(config, streaming_window=None, kv_eviction=None, kv_budget=None)
     llm, prompts = load_llm_and_prompts(args)
     room = llm.model.config.max_position_embeddings - args.max_tokens
     prompts = [p[-room:] for p in prompts]

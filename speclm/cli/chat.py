@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from speclm.cli.common import add_model_args, add_sampling_args, add_spec_args, load_llm, sampling_params, stats_line
+from speclm.cli.common import (
+    add_eviction_args,
+    add_model_args,
+    add_sampling_args,
+    add_spec_args,
+    load_llm,
+    sampling_params,
+    stats_line,
+)
 
 
 def register(sub) -> None:
@@ -20,6 +28,9 @@ def register(sub) -> None:
     add_model_args(p)
     add_sampling_args(p, max_tokens=512)
     add_spec_args(p)
+    add_eviction_args(
+        p.add_argument_group("KV eviction (each answer's sequence: the conversation so far, then the answer)")
+    )
     p.set_defaults(run=run)
 
 

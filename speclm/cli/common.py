@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from speclm.config import SPEC_METHODS_HELP, WEIGHTS_HELP
+from speclm.config import EVICTION_POLICIES, SPEC_METHODS_HELP, WEIGHTS_HELP
 from speclm.sampling_params import SamplingParams
 
 
@@ -56,6 +56,43 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_eviction_args(g: argparse._ArgumentGroup) -> None:
+    """KV eviction (docs/runtime.md#kv-eviction): shared by generate, chat, serve and bench serve."""
+    g.add_argument(
+        "--kv-eviction",
+        default=None,
+        metavar="POLICY",
+        help=f"keep at most --kv-budget tokens of KV per sequence: {' | '.join(EVICTION_POLICIES)} (streaming: "
+        "attention sinks + the most recent blocks; h2o: sinks + a recent window + the tokens with the most "
+        "accumulated attention; snapkv: sinks + the prompt tokens its last 32 attend to most, once after "
+        "prefill, then a recent window). Default off: the full cache",
+    )
+    g.add_argument(
+        "--kv-budget",
+        default=None,
+        metavar="TOKENS|FRACTION",
+        help="the per-sequence budget of --kv-eviction: tokens (e.g. 512), or a fraction in (0, 1) of the "
+        "tokens the sequence may reach (prompt + max tokens; h2o and snapkv only)",
+    )
+    g.add_argument(
+        "--attention-sinks",
+        type=int,
+        default=4,
+        help="first tokens --kv-eviction always keeps (streaming rounds them up to whole blocks; default 4)",
+    )
+
+
+def eviction_options(args: argparse.Namespace) -> dict:
+    """CacheConfig keyword arguments of add_eviction_args's options."""
+    from speclm.config import parse_kv_budget
+
+    return {
+        "kv_eviction": args.kv_eviction,
+        "kv_budget": parse_kv_budget(args.kv_budget),
+        "attention_sinks": args.attention_sinks,
+    }
+
+
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
     g = p.add_argument_group("sampling")
     g.add_argument(
@@ -90,10 +127,11 @@ def load_llm(args: argparse.Namespace):
     for a big model: reading, repacking, the first kernel build) so a terminal or a log never sits silent."""
     import time
 
-    from speclm.config import SpecConfig, WeightFormat
+    from speclm.config import CacheConfig, SpecConfig, WeightFormat
     from speclm.llm import LLM
 
     WeightFormat.parse(args.weights)  # bad values fail before the stage line and the slow load
+    cache = CacheConfig(**eviction_options(args)) if getattr(args, "kv_eviction", None) else None
     spec = getattr(args, "spec", None)
     if spec:
         SpecConfig.parse(spec, getattr(args, "k", 4))
@@ -108,6 +146,7 @@ def load_llm(args: argparse.Namespace):
         adaptive=not getattr(args, "no_adaptive", False),
         threads=args.threads,
         weights=args.weights,
+        cache=cache,
     )
     print(f"speclm: loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return llm

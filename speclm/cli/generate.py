@@ -6,7 +6,17 @@ import argparse
 import json
 import sys
 
-from speclm.cli.common import add_model_args, add_sampling_args, add_spec_args, load_llm, sampling_params, stats_line
+from speclm.cli.common import (
+    add_eviction_args,
+    add_model_args,
+    add_sampling_args,
+    add_spec_args,
+    eviction_options,
+    load_llm,
+    sampling_params,
+    stats_line,
+)
+from speclm.config import CacheConfig
 
 
 def register(sub) -> None:
@@ -26,11 +36,13 @@ def register(sub) -> None:
     add_model_args(p)
     add_sampling_args(p)
     add_spec_args(p)
+    add_eviction_args(p.add_argument_group("KV eviction"))
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)  # validate before the slow model load
+    CacheConfig(**eviction_options(args))
     if args.prompt is None and sys.stdin.isatty():
         print("speclm generate: type the prompt, then Ctrl-D on a line of its own (or pass --prompt)", file=sys.stderr)
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()

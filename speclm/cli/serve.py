@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from speclm.cli.common import add_model_args, add_spec_args, load_llm
+from speclm.cli.common import add_eviction_args, add_model_args, add_spec_args, eviction_options, load_llm
 
 
 def add_cache_args(p: argparse.ArgumentParser) -> None:
@@ -43,14 +43,9 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="TOKENS",
         help="StreamingLLM: keep only this many tokens of KV per sequence (attention sinks + most recent), "
-        "so generation can outgrow the cache (default off)",
+        "so generation can outgrow the cache (default off; the same as --kv-eviction streaming --kv-budget TOKENS)",
     )
-    g.add_argument(
-        "--attention-sinks",
-        type=int,
-        default=d.attention_sinks,
-        help=f"StreamingLLM: first tokens always kept, rounded up to whole blocks (default {d.attention_sinks})",
-    )
+    add_eviction_args(g)
     g.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV blocks of shared prompt prefixes")
 
 
@@ -66,7 +61,7 @@ def cache_config(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_dtype=args.kv_cache_dtype,
         streaming_window=args.streaming_window,
-        attention_sinks=args.attention_sinks,
+        **eviction_options(args),
     )
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from speclm.config import CacheConfig, SpecConfig
+from speclm.engine.eviction import KVEvictor, draft_room
 from speclm.engine.model_runner import ModelRunner, RowLogits
 from speclm.engine.request import GenerationStats, PromptLimits, Request, RequestOutput, SequenceOutput
 from speclm.engine.scheduler import ScheduledChunk, Scheduler
@@ -63,15 +64,18 @@ class Engine:
         self.config = config or CacheConfig()
         quantize = self.config.kv_cache_dtype == "int8"
         num_blocks = self.config.resolve_num_blocks(runner.kv_bytes_per_token(quantize), runner.context_length)
-        bs, window = self.config.block_size, self.config.streaming_window
+        bs, window, evicting = self.config.block_size, self.config.streaming_window, self.config.token_eviction
         window_blocks = None if window is None else -(-window // bs)
+        prefix_caching = self.config.enable_prefix_caching and not evicting  # H2O, SnapKV rewrite blocks in place
         self.block_manager = BlockManager(
-            num_blocks, bs, self.config.enable_prefix_caching, window_blocks, -(-self.config.attention_sinks // bs)
+            num_blocks, bs, prefix_caching, window_blocks, -(-self.config.attention_sinks // bs)
         )
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens)
         self.cache = runner.new_paged_cache(num_blocks, bs, quantize)
-        # A streaming window bounds each sequence's blocks, not its length (positions keep counting).
-        self.max_total_tokens = runner.context_length if window else min(runner.context_length, num_blocks * bs)
+        self.evictor = KVEvictor(self.config, runner.config, self.cache, self.block_manager) if evicting else None
+        # Eviction bounds each sequence's entries, not its length (positions keep counting).
+        bounded = window or evicting
+        self.max_total_tokens = runner.context_length if bounded else min(runner.context_length, num_blocks * bs)
         self._states: dict[str, SequenceState] = {}
         self._by_request: dict[str, list[SequenceState]] = {}
         self.num_steps = 0
@@ -119,8 +123,9 @@ class Engine:
                 list(request.prompt_ids),
                 total,
                 reuse_prefix=not needs_history,
-                hold_last=speculation is not None,
+                hold_last=speculation is not None and self.evictor is None,  # evicting: prompts prefill alike
             )
+            eviction = self.evictor.new_sequence(seq) if self.evictor is not None else None
             states.append(
                 SequenceState(
                     request,
@@ -132,6 +137,7 @@ class Engine:
                     prompt,
                     now,
                     speculation=speculation,
+                    eviction=eviction,
                 )
             )
         states[0].forks = states[1:]
@@ -165,6 +171,7 @@ class Engine:
     def step(self) -> list[SequenceOutput]:
         """Propose drafts, schedule, run one batched forward, then verify and commit per sequence."""
         outputs: list[SequenceOutput] = []
+        self._evict(outputs)
         wanted = self._propose(outputs)
         plan = self.scheduler.schedule(wanted)
         if not plan.chunks:
@@ -172,13 +179,15 @@ class Engine:
         self.num_steps += 1
         self.cache.copy_blocks(plan.copies)
         entries = [self._entry(chunk) for chunk in plan.chunks]
-        logits, hidden, seconds = self.runner.forward_batch(self.cache, entries)  # [sum of num_logits, vocab]
+        queries = [] if self.evictor is not None else None  # per layer [heads, num_tokens, head_dim]
+        logits, hidden, seconds = self.runner.forward_batch(self.cache, entries, queries)  # [sum of num_logits, vocab]
         # Adaptive K charges a sequence its share (by rows) of the step: charged the whole step, it
         # would pay for the other sequences' drafts too, and none alone would see drafting fail to pay.
         seconds_per_row = seconds / plan.num_tokens
         row, offset = 0, 0
         for chunk, entry in zip(plan.chunks, entries):
             features = hidden[offset : offset + chunk.num_tokens]  # [num_tokens, hidden]
+            chunk_queries = [q[:, offset : offset + chunk.num_tokens] for q in queries] if queries else None
             offset += chunk.num_tokens
             rows = logits[row : row + entry.num_logits]
             row += entry.num_logits
@@ -186,10 +195,21 @@ class Engine:
             if state is None:  # its request failed earlier in this step
                 continue
             try:
-                outputs += self._finish(state, chunk, rows, features, seconds_per_row)
+                outputs += self._finish(state, chunk, rows, features, seconds_per_row, entry.slots, chunk_queries)
             except Exception as e:  # this sequence's own work broke: fail its request only
                 outputs.append(self._fail(state, e))
         return outputs
+
+    def _evict(self, outputs: list[SequenceOutput]) -> None:
+        """H2O / SnapKV: cut each decoding sequence whose committed entries reached its budget."""
+        for seq in list(self.scheduler.running) if self.evictor else []:
+            state = self._states.get(seq.seq_id)
+            if state is None or state.eviction is None or seq.num_uncomputed != 1:
+                continue  # (prefilling: a prompt is computed whole, then cut)
+            try:
+                self.evictor.evict(seq.seq_id, state.eviction, seq.num_computed)
+            except Exception as e:
+                outputs.append(self._fail(state, e))
 
     def _propose(self, outputs: list[SequenceOutput]) -> dict[str, int]:
         """Drafts for each speculating sequence whose next step runs its pending token alone (decoding,
@@ -207,7 +227,7 @@ class Engine:
                 count = state.speculation.propose(
                     seq.token_ids,
                     state.tracker.remaining - 1,
-                    self._draft_room(seq),
+                    draft_room(seq, self.max_total_tokens, self.block_manager, state.eviction),
                     state.request.params,
                     state.generator,
                 )
@@ -217,22 +237,6 @@ class Engine:
             if count:
                 wanted[seq.seq_id] = count
         return wanted
-
-    def _draft_room(self, seq: Sequence) -> int:
-        """How many draft rows the sequence can take this step. Rows may run past its final length (a
-        tree's nodes outnumber its depth, which the tokens still wanted bound), not past the context."""
-        room = self.max_total_tokens - seq.num_tokens - 1
-        if not self.block_manager.has(seq.seq_id):  # a new sequence: no blocks, no window yet
-            return room
-        window_end = self.block_manager.eviction_free_end(seq.seq_id)
-        if window_end is not None:
-            # A full StreamingLLM window evicts a block for every new one. Rows of this step stay before
-            # that point, or else in the block of its first row (where plain decoding of that row
-            # allocates, and so evicts, the same way): a row past it would make the window slide early
-            # and change what the earlier rows attend to.
-            first, bs = seq.num_tokens - 1, self.config.block_size
-            room = min(room, max(window_end, (first // bs + 1) * bs) - 1 - first)
-        return room
 
     def _entry(self, chunk: ScheduledChunk) -> BatchEntry:
         """The runner's input for one scheduled chunk (its tokens, positions and slots)."""
@@ -255,11 +259,16 @@ class Engine:
         rows: torch.Tensor,
         features: torch.Tensor,
         seconds_per_row: float,
+        slots: list[int],
+        queries: list[torch.Tensor] | None,
     ) -> list[SequenceOutput]:
-        """After the forward: commit what the chunk decided for its sequence (and the forks of a prompt)."""
+        """After the forward: commit what the chunk decided for its sequence (and the forks of a prompt).
+        `slots` and `queries` (evicting engines) are the chunk's cache slots and its rows' queries."""
         seq, k = chunk.seq, chunk.num_drafts
         state.stats.target_forwards += 1
         seq.num_computed += chunk.num_tokens - k  # accepted drafts are added after verification
+        if state.eviction is not None and k == 0:  # every row is committed
+            self.evictor.observe(state.eviction, chunk.start, slots, queries, list(range(chunk.num_tokens)))
         if not chunk.completes:  # a prompt chunk: every row's next token is a prompt token
             self.block_manager.mark_computed(seq.seq_id, seq.token_ids, seq.num_computed)
             for s in [state, *state.forks]:
@@ -271,6 +280,7 @@ class Engine:
         for child in state.forks:  # samples 1..n-1 start from the prompt's blocks, copy-on-write
             self.block_manager.fork(seq.seq_id, child.seq.seq_id)
             child.seq.num_computed = seq.num_computed
+            child.eviction = state.eviction.copy() if state.eviction is not None else None
             child.stats.target_forwards += 1  # the prompt's passes are shared
             self.scheduler.add_running(child.seq)
             child.add_features(chunk.start, features[: chunk.num_tokens - k])  # not the parent's drafts
@@ -288,6 +298,8 @@ class Engine:
             new_slots = self.block_manager.slot_ids(seq.seq_id, chunk.start, chunk.start + chunk.num_tokens)
             self.cache.move_slots([new_slots[r] for r in kept[1:]], new_slots[1 : len(kept)])
         seq.num_computed += result.num_accepted
+        if state.eviction is not None:  # the committed rows only, their keys now at consecutive slots
+            self.evictor.observe(state.eviction, chunk.start, slots, queries, kept)
         state.add_features(chunk.start, features[kept])
         lazy_seconds = rows.seconds if isinstance(rows, RowLogits) else 0.0
         target_seconds = seconds_per_row * chunk.num_tokens + lazy_seconds

@@ -41,8 +41,11 @@ class ModelRunner:
             return int8_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim)
         return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.model.attn_dtype.itemsize
 
-    def forward_batch(self, cache: PagedKVCache, entries: list[BatchEntry]) -> tuple[torch.Tensor, torch.Tensor, float]:
+    def forward_batch(
+        self, cache: PagedKVCache, entries: list[BatchEntry], queries: list[torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One step over the new tokens of several sequences, flattened through the layers together.
+        With `queries` (a list), each layer appends its rotated queries [heads, num_tokens, head_dim].
 
         Returns (logits [sum of num_logits, vocab] in entry order, features [num_tokens, hidden]
         (hidden states after the final norm, for proposers that draft from them), seconds).
@@ -55,7 +58,7 @@ class ModelRunner:
         for e in entries:
             offset += len(e.tokens)
             rows.extend(range(offset - e.num_logits, offset))
-        hidden = self.model(tokens, positions, cache, PagedAttentionMetadata(entries, device))
+        hidden = self.model(tokens, positions, cache, PagedAttentionMetadata(entries, device, queries))
         logits = self.model.compute_logits(hidden, rows) if rows else hidden.new_zeros(0, self.config.vocab_size)
         seconds = time.perf_counter() - t0
         self.slow_steps.observe(len(tokens), seconds)

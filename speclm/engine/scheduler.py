@@ -66,10 +66,9 @@ class Scheduler:
         return self.blocks.num_blocks * self.blocks.block_size
 
     def add(self, seq: Sequence) -> None:
-        if self.blocks.window_blocks is None and seq.max_total_tokens > self.capacity_tokens:
-            raise ValueError(
-                f"sequence needs up to {seq.max_total_tokens} tokens but the KV cache holds {self.capacity_tokens}"
-            )
+        needed = seq.max_total_tokens if seq.max_cache_tokens is None else seq.max_cache_tokens
+        if self.blocks.window_blocks is None and needed > self.capacity_tokens:
+            raise ValueError(f"sequence needs up to {needed} tokens but the KV cache holds {self.capacity_tokens}")
         self.waiting.append(seq)
 
     def add_running(self, seq: Sequence) -> None:

@@ -10,6 +10,7 @@ import torch
 from speclm.engine.request import GenerationStats, Request
 from speclm.engine.speculation import Speculation
 from speclm.engine.stop import OutputTracker
+from speclm.kv.eviction import SequenceEviction
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Sequence:
     # True (speculating sequences): the last token to compute is held back from prefill chunks and runs
     # as a decoding step of its own, with drafts, so even the first generated tokens can be speculated.
     hold_last: bool = False
+    max_cache_tokens: int | None = None  # KV entries it may hold at once, if fewer than max_total_tokens (eviction)
 
     @property
     def token_ids(self) -> list[int]:
@@ -66,6 +68,7 @@ class SequenceState:
     t_arrival: float
     forks: list[SequenceState] = field(default_factory=list)  # samples 1..n-1, forked after prefill
     speculation: Speculation | None = None
+    eviction: SequenceEviction | None = None  # H2O / SnapKV: the KV entries it keeps (speclm/kv/eviction.py)
 
     def add_features(self, start: int, features: torch.Tensor) -> None:
         """Hand a feature proposer the target features ([n, hidden]) of positions start..start+n-1,

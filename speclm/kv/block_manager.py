@@ -19,6 +19,7 @@ class _SequenceBlocks:
 
     blocks: list[int] = field(default_factory=list)
     hashes: list[int] = field(default_factory=list)  # chain hashes of the leading full, computed blocks
+    dropped: int = 0  # token-granular eviction: entries compacted away; token i lives at entry i - dropped
 
     @property
     def last_hash(self) -> int | None:
@@ -105,9 +106,16 @@ class BlockManager:
         return self._seqs[seq_id].blocks
 
     def slot_ids(self, seq_id: str, start: int, end: int) -> list[int]:
-        """Flat cache slots (block * block_size + offset) of the sequence's tokens start..end-1."""
-        blocks, bs = self._seqs[seq_id].blocks, self.block_size
-        return [blocks[i // bs] * bs + i % bs for i in range(start, end) if blocks[i // bs] != EVICTED]
+        """Flat cache slots (block * block_size + offset) of the sequence's tokens start..end-1. After a
+        compaction (token-granular eviction) the kept entries come first, then tokens from the
+        compaction on: start..end-1 are then entries start - dropped.. (from entry 0 at most)."""
+        seq, bs = self._seqs[seq_id], self.block_size
+        blocks, d = seq.blocks, seq.dropped
+        return [blocks[i // bs] * bs + i % bs for i in range(max(0, start - d), end - d) if blocks[i // bs] != EVICTED]
+
+    def num_dropped(self, seq_id: str) -> int:
+        """Tokens of the sequence removed by compactions (token-granular eviction)."""
+        return self._seqs[seq_id].dropped
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -143,6 +151,7 @@ class BlockManager:
         on the tensors, or None (changing nothing) when there are not enough free blocks."""
         seq = self._seqs[seq_id]
         bs = self.block_size
+        write_from, end = write_from - seq.dropped, end - seq.dropped
         new_blocks = max(0, self.blocks_needed(end) - len(seq.blocks))
         if self.window_blocks is not None:
             self._slide_window(seq, write_from, new_blocks)
@@ -162,6 +171,26 @@ class BlockManager:
             del seq.hashes[i:]  # a copied block is no longer the cached one
         seq.blocks.extend(self._pop_free() for _ in range(new_blocks))
         return copies
+
+    def compact(self, seq_id: str, num_held: int, num_kept: int) -> None:
+        """Token-granular eviction: the sequence's first num_held entries become num_kept, which the
+        caller writes to entries 0..num_kept-1 (the tensors move in PagedKVCache.compact). Blocks past
+        them are released; shared blocks among them are replaced by private ones (their contents
+        are rewritten whole, so nothing is copied). Raises RuntimeError when no block is free for that."""
+        seq = self._seqs[seq_id]
+        assert num_kept <= num_held and self.blocks_needed(num_held) <= len(seq.blocks), (num_held, len(seq.blocks))
+        assert self.window_blocks is None and not self.enable_prefix_caching, "token eviction runs without these"
+        keep = self.blocks_needed(num_kept)
+        for block in reversed(seq.blocks[keep:]):
+            self._release(block)
+        del seq.blocks[keep:]
+        shared = [i for i in range(keep) if self.ref_counts[seq.blocks[i]] > 1]
+        if len(shared) > self.num_free_blocks:
+            raise RuntimeError(f"no free KV block to compact the forked sequence {seq_id!r} into")
+        for i in shared:
+            self.ref_counts[seq.blocks[i]] -= 1
+            seq.blocks[i] = self._pop_free()
+        seq.dropped += num_held - num_kept
 
     def eviction_free_end(self, seq_id: str) -> int | None:
         """With a StreamingLLM window: how many positions the sequence can fill before allocating a

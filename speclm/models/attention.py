@@ -186,7 +186,10 @@ class PagedAttentionMetadata:
     recomputed after a preemption: a request's output is the same under any load.
     """
 
-    def __init__(self, entries: list[BatchEntry], device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, entries: list[BatchEntry], device: torch.device | str = "cpu", queries: list[torch.Tensor] | None = None
+    ) -> None:
+        self.queries = queries  # when a list: each layer appends its rotated queries (H2O, SnapKV read them)
         self.slot_mapping = torch.tensor(
             [s for e in entries for s in e.slots[len(e.slots) - len(e.tokens) :]], dtype=torch.long, device=device
         )  # [num_tokens]
@@ -229,6 +232,8 @@ class PagedAttentionMetadata:
 
     def attend_cached(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """Attention of all rows q [heads, num_tokens, head_dim] once their keys/values are in the pool."""
+        if self.queries is not None:
+            self.queries.append(q)
         if isinstance(k_cache, torch.Tensor):  # one call reads the pool
             return attend_like_decoding(q, k_cache, v_cache, self.pooled())
         # int8 slots: each sequence's keys are gathered and dequantized, then attended like decoding
@@ -240,6 +245,22 @@ class PagedAttentionMetadata:
             )
             row += n
         return out
+
+
+def attention_weights(q: torch.Tensor, keys: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """Softmax attention weights of query rows q [..., heads, n, head_dim] over keys [..., kv_heads, width,
+    head_dim] (leading dims: e.g. layers), row i over the first lengths[i] keys, summed over the query
+    heads of each KV head: [..., kv_heads, n, width] fp32, 0 past a row's length. KV eviction (H2O,
+    SnapKV) ranks tokens by them; the decoding kernels never form them, so runs without those
+    policies do not pay for them."""
+    *lead, heads, n, head_dim = q.shape
+    kv, width = keys.shape[-3], keys.shape[-2]
+    grouped = q.reshape(*lead, kv, heads // kv * n, head_dim)
+    logits = torch.matmul(grouped, keys.transpose(-1, -2)).view(*lead, kv, heads // kv, n, width) * head_dim**-0.5
+    if min(lengths) < width:
+        past = torch.arange(width) >= torch.tensor(lengths)[:, None]  # [n, width]
+        logits = logits.masked_fill(past.to(logits.device), float("-inf"))
+    return torch.softmax(logits.float(), dim=-1).sum(-3)
 
 
 def rope_kernels(qkv: torch.Tensor, cos: torch.Tensor, k_cache) -> ModuleType | None:

@@ -91,12 +91,12 @@ def slowed(app, seconds_per_step: float, fail_at: int | None = None):
     runner = app.state.engine.engine.runner
     original, calls = runner.forward_batch, [0]
 
-    def forward_batch(cache, entries):
+    def forward_batch(cache, entries, queries=None):
         calls[0] += 1
         if calls[0] == fail_at:
             raise RuntimeError("injected failure")
         time.sleep(seconds_per_step)
-        return original(cache, entries)
+        return original(cache, entries, queries)
 
     runner.forward_batch = forward_batch
     return lambda: setattr(runner, "forward_batch", original)
