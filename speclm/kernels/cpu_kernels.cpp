@@ -717,6 +717,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("w8a8_available", &w8a8_available, "whether w8a8_matmul was compiled (AVX-512 VNNI)");
   m.def("gguf_pack", &gguf_pack, "repack a GGUF tensor's rows (raw bytes) for gguf_matmul",
         py::call_guard<py::gil_scoped_release>());
+  m.def("gguf_to_q4_0", &gguf_to_q4_0, "a GGUF tensor's rows (raw bytes) re-quantized to Q4_0 (raw bytes)",
+        py::call_guard<py::gil_scoped_release>());
   m.def("gguf_unpack_rows", &gguf_unpack_rows, "dequantize rows of a repacked GGUF tensor to fp32",
         py::call_guard<py::gil_scoped_release>());
   m.def("gguf_matmul", &gguf_matmul, "fp32 x (int8 per row and block) @ repacked GGUF weights, row-invariant",

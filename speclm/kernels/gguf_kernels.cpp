@@ -288,6 +288,80 @@ float unpack_weight(const Geometry& g, int64_t type, const uint8_t* record, int 
   }
 }
 
+// A decoded block's weights: the type's dequantization (what unpack_weight gives, a block at a time).
+// No fused multiply-adds here or below: the results must round as the gguf package's numpy code does.
+__attribute__((optimize("fp-contract=off"))) void decoded_weights(int64_t type, int64_t n, const Decoded& dec, float* w) {
+  const float d = fp16_to_float(dec.d), m = fp16_to_float(dec.m);
+  const uint8_t* c = dec.codes;
+  switch (type) {
+    case kQ4_0:
+    case kQ5_0:
+    case kQ8_0: {
+      const float offset = type == kQ4_0 ? 8.0f : type == kQ5_0 ? 16.0f : 128.0f;
+      for (int64_t k = 0; k < n; ++k) w[k] = d * (static_cast<float>(c[k]) - offset);
+      break;
+    }
+    case kQ4_1:
+    case kQ5_1:
+      for (int64_t k = 0; k < n; ++k) w[k] = d * static_cast<float>(c[k]) + m;
+      break;
+    case kQ4_K:
+    case kQ5_K:
+      for (int64_t k = 0; k < n; ++k) w[k] = d * dec.sc[k / 32] * static_cast<float>(c[k]) - m * dec.mn[k / 32];
+      break;
+    case kQ6_K:
+      for (int64_t k = 0; k < n; ++k) w[k] = d * static_cast<int8_t>(dec.sc[k / 16]) * (static_cast<float>(c[k]) - 32);
+      break;
+    default: TORCH_CHECK(false, "GGUF type ", type, " is not supported");
+  }
+}
+
+// 32 weights as one Q4_0 block (18 bytes), rounded as llama.cpp's reference quantizer (and the gguf
+// package): d = the weight of largest magnitude / -8 (fp16), codes clamp(trunc(w / d + 8.5), 0, 15).
+__attribute__((optimize("fp-contract=off"))) void quantize_q4_0_block(const float* w, uint8_t* out) {
+  float big = 0.0f, amax = 0.0f;
+  for (int k = 0; k < 32; ++k)
+    if (std::fabs(w[k]) > amax) {
+      amax = std::fabs(w[k]);
+      big = w[k];
+    }
+  const float d = big / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+  const c10::Half h(d);
+  std::memcpy(out, &h.x, 2);
+  uint8_t q[32];
+  for (int k = 0; k < 32; ++k) q[k] = static_cast<uint8_t>(std::min(15.0f, std::trunc(w[k] * id + 8.5f)));
+  for (int j = 0; j < 16; ++j) out[2 + j] = static_cast<uint8_t>(q[j] | (q[j + 16] << 4));
+}
+
+}  // namespace
+
+// raw [N, row_bytes] uint8 of a GGUF type -> its weights re-quantized to Q4_0, [N, inputs / 32 * 18] uint8
+// (a draft's coarser layers, converted straight from the file's bytes: no float copy of the tensor).
+at::Tensor gguf_to_q4_0(const at::Tensor& raw, int64_t type) {
+  const Geometry g = geometry(type);
+  TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == at::kByte && raw.is_contiguous(), "gguf_to_q4_0: raw [N, row_bytes] uint8");
+  const int64_t n = raw.size(0), row_bytes = raw.size(1);
+  TORCH_CHECK(row_bytes % g.block_bytes == 0, "gguf_to_q4_0: row bytes not a whole number of blocks");
+  const int64_t blocks = row_bytes / g.block_bytes, out_row = blocks * g.block_weights / 32 * 18;
+  auto out = at::empty({n, out_row}, raw.options());
+  const uint8_t* src = raw.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    Decoded dec;
+    float w[256];
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t b = 0; b < blocks; ++b) {
+        decode_block(type, src + r * row_bytes + b * g.block_bytes, dec);
+        decoded_weights(type, g.block_weights, dec, w);
+        for (int64_t u = 0; u < g.block_weights / 32; ++u)
+          quantize_q4_0_block(w + 32 * u, dst + r * out_row + (b * g.block_weights / 32 + u) * 18);
+      }
+  });
+  return out;
+}
+
+namespace {
+
 // -- activations ------------------------------------------------------------------------------------
 // One row quantized for the 32-weight types (Q8_0: per 32, d = absmax / 127 stored as fp16, codes
 // round(x / d) to nearest even) or for the K-quants (Q8_K: per 256, d = -max / 127 with max the value of

@@ -26,7 +26,6 @@ from speclm.models.gguf_weights import (
     Segment,
     native_kernels,
     quantized_segment,
-    requantized,
 )
 from speclm.models.layers import RMSNorm
 from speclm.models.llama import LlamaModel
@@ -56,7 +55,7 @@ def build_model(
         raise ValueError(f"--weights {fmt.label} runs on the CPU with fp32 activations; got {dtype} on {device}")
     return_big_frees_to_os()
     if native and fmt.name in ("auto", "q4_0"):
-        source = NativeSource(checkpoint, requantize="Q4_0" if fmt.name == "q4_0" else None)
+        source = NativeSource(checkpoint, to_q4_0=fmt.name == "q4_0")
     else:
         source = FloatSource(checkpoint, fmt, dtype, device)
     with single_threaded():
@@ -100,38 +99,35 @@ class FloatSource:
 
 class NativeSource:
     """Layers on a GGUF file's own grids, repacked tensor by tensor from the file's bytes (no float copy
-    of the model); tensors of other types (F32, F16, ...) become fp32 layers. With `requantize` (a GGUF
-    type name) the decoder layers' linear tensors are converted to that type; the embedding and the
-    output head keep theirs."""
+    of the model); tensors of other types (F32, F16, ...) become fp32 layers. With `to_q4_0` the decoder
+    layers' linear tensors are re-quantized to Q4_0 (a draft's coarser weights) straight from the file's
+    bytes; the embedding and the output head keep their types."""
 
-    def __init__(self, checkpoint: Checkpoint, requantize: str | None = None) -> None:
+    def __init__(self, checkpoint: Checkpoint, to_q4_0: bool = False) -> None:
         self.t = checkpoint.tensors  # speclm.models.gguf_loader.LazyTensors
-        self.requantize = requantize
+        self.to_q4_0 = to_q4_0
         self.floats = FloatSource(checkpoint, WeightFormat("fp32"), torch.float32, "cpu")
         self._scratch = torch.empty(0, dtype=torch.uint8)  # file bytes of the tensor being repacked
 
     def tensor(self, name: str) -> torch.Tensor:
         return self.t[name]
 
-    def _part(self, name: str) -> Segment | torch.Tensor:
+    def _part(self, name: str, to_q4_0: bool = False) -> Segment | torch.Tensor:
         type_name = self.t.type_name(name)
         if type_name not in NATIVE_TYPES:
-            return self.t[name]
+            return quantized_segment(self.t[name], "Q4_0") if to_q4_0 else self.t[name]
         size = self.t.byte_size(name)
         if self._scratch.numel() < size:
             self._scratch = torch.empty(size, dtype=torch.uint8)
-        return Segment.from_raw(type_name, self.t.raw(name, self._scratch), self.t.rotary_row_order(name))
+        raw = self.t.raw(name, self._scratch)
+        if to_q4_0 and type_name != "Q4_0":
+            raw, type_name = native_kernels().gguf_to_q4_0(raw, NATIVE_TYPES[type_name]), "Q4_0"
+        return Segment.from_raw(type_name, raw, self.t.rotary_row_order(name))
 
     def linear(self, names: list[str], bias: torch.Tensor | None, head: bool = False) -> nn.Module:
-        parts = [self._part(n) for n in names]
         in_features = self.t.shape_of(names[0])[1]
-        if self.requantize and not head and in_features % 32 == 0:  # (Q4_0 blocks are 32 inputs wide)
-            parts = [
-                requantized(p, in_features, self.requantize)
-                if isinstance(p, Segment)
-                else quantized_segment(p, self.requantize)
-                for p in parts
-            ]
+        to_q4_0 = self.to_q4_0 and not head and in_features % 32 == 0  # (Q4_0 blocks are 32 inputs wide)
+        parts = [self._part(n, to_q4_0) for n in names]
         if all(isinstance(p, Segment) for p in parts):
             return GGUFLinear(parts, in_features, bias)
         # A fused layer with a float part: the whole layer in fp32 (exactly the file's values).

@@ -58,18 +58,6 @@ def quantized_segment(weight: torch.Tensor, type_name: str) -> Segment:
     return Segment.from_raw(type_name, torch.cat(raw))
 
 
-def requantized(segment: Segment, in_features: int, type_name: str) -> Segment:
-    """A segment converted to another GGUF type (its weights dequantized a few thousand rows at a time)."""
-    if segment.type_name == type_name:
-        return segment
-    kernels, rows = native_kernels(), torch.arange(segment.out_features)
-    parts = [
-        kernels.gguf_unpack_rows(segment.packed, segment.type_id, in_features, chunk)
-        for chunk in rows.split(QUANTIZE_ROWS)
-    ]
-    return quantized_segment(torch.cat(parts), type_name)
-
-
 class GGUFLinear(nn.Module):
     """y = x @ W.T + b where W's rows are one or more GGUF tensors on their own grids (a fused QKV
     projection may mix types); fp32 in and out."""

@@ -81,3 +81,16 @@ def test_fused_segments_of_different_types_and_row_order():
     single = GGUFLinear([segments[0]], 256)
     subset = torch.tensor([5, 0, 47, 16, 3])
     assert torch.equal(single.rows(subset).dequantized_weight(), single.dequantized_weight()[subset])
+
+
+@pytest.mark.parametrize("kind", list(NATIVE_TYPES))
+def test_requantizing_to_q4_0_equals_the_gguf_package(kind):
+    """A draft's layers converted from the file's bytes to Q4_0 in one pass are byte for byte what the gguf
+    package writes for the dequantized weights."""
+    rng = np.random.default_rng(100 + NATIVE_TYPES[kind])
+    rows, cols = 37, 512
+    raw = raw_tensor(kind, rows, cols, rng)
+    weights = gguf.quants.dequantize(raw, T[kind]).reshape(rows, cols)
+    expected = gguf.quants.quantize(weights.astype(np.float32), T.Q4_0)
+    ours = native_kernels().gguf_to_q4_0(torch.from_numpy(np.ascontiguousarray(raw)), NATIVE_TYPES[kind])
+    assert np.array_equal(ours.numpy(), expected)
