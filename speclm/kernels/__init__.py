@@ -32,9 +32,12 @@ def _cpu_signature() -> str:
 
 
 def build_name() -> str:
-    """Extension name: one per source text, CPU and torch version."""
+    """Extension name: one per source text, CPU, torch version and source folder. (torch's build files name
+    the sources by absolute path: two checkouts sharing one build folder would rebuild it in turn on every
+    load, each one's build holding the other's lock.)"""
     text = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
-    digest = hashlib.sha256(text + _cpu_signature().encode() + torch.__version__.encode()).hexdigest()[:16]
+    where = str(SOURCE.parent.resolve()).encode()
+    digest = hashlib.sha256(text + where + _cpu_signature().encode() + torch.__version__.encode()).hexdigest()[:16]
     return f"speclm_cpu_kernels_{digest}"
 
 

@@ -166,3 +166,39 @@ def test_a_dead_target_replica_fails_its_request_and_new_ones_are_served(deploym
     assert time.monotonic() < deadline
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["text"] == reference(PROMPT, 32)
+
+
+def test_sampled_tokens_through_the_services_follow_the_target_distribution(deployment):
+    """G-test of the first two sampled tokens (one drafted by the draft service, one from the target's
+    verification) against the target's own distribution, enumerated; the same counts against a wrong
+    distribution (twice the temperature) are rejected, so the test can tell the two apart."""
+    from speclm import LLM, SamplingParams
+    from speclm.bench.sampling_exactness import exact_pairs, g_test
+
+    base, launch = deployment
+    llm = LLM(STORIES_MODEL, tokenizer=STORIES_TOKENIZER, threads=1)
+    ids = llm.tokenizer.encode(PROMPT)
+    temperature, top_k, samples = 0.8, 4, 400
+
+    prefix = llm.tokenizer.decode(ids)
+
+    def by_text(pairs: dict) -> dict:  # what the server returns: the text the two tokens add to the prompt's
+        out: dict = {}
+        for (t1, t2), p in pairs.items():
+            key = llm.tokenizer.decode([*ids, t1, t2])[len(prefix) :]
+            out[key] = out.get(key, 0.0) + p
+        return out
+
+    exact = by_text(exact_pairs(llm, ids, SamplingParams(temperature=temperature, top_k=top_k)))
+    wrong = by_text(exact_pairs(llm, ids, SamplingParams(temperature=2 * temperature, top_k=top_k)))
+    before = draft_stats(launch)["calls"]
+    counts: dict = {}
+    for seed in range(samples):
+        body = {"prompt": ids, "max_tokens": 2, "temperature": temperature, "top_k": top_k, "seed": seed}
+        response = post(base, {**body, "ignore_eos": True})
+        assert response.status_code == 200, response.text
+        text = response.json()["choices"][0]["text"]
+        counts[text] = counts.get(text, 0) + 1
+    assert draft_stats(launch)["calls"] >= before + samples  # every request drafted its first token
+    assert g_test(counts, exact, samples) > 1e-3
+    assert g_test(counts, wrong, samples) < 1e-3
