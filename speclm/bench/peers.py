@@ -6,10 +6,12 @@ so `speclm bench --compare` can interleave them with speclm's own methods prompt
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
 
+@functools.cache  # the peers of one run share their models (a GGUF loads in minutes through transformers)
 def transformers_model(model_path: str):
     """A transformers causal LM in fp32 from an HF directory or a GGUF file (dequantized)."""
     import torch
