@@ -727,6 +727,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("gguf_record_bytes", &gguf_record_bytes, "bytes per repacked record (16 outputs x one GGUF block)");
   m.def("gguf_available", &gguf_available, "whether gguf_matmul was compiled (AVX-512 VNNI)");
+  m.def("gguf_set_prefetch", &gguf_set_prefetch, "bytes gguf_matmul prefetches ahead of the weights (a multiple of 64; 0: none); returns the previous");
   m.def("dense_matmul", &dense_matmul, "x @ w.T (+ bias) for fp32 or bf16 weights [N, K], row-invariant, fp32 out",
         py::call_guard<py::gil_scoped_release>());
 }

@@ -518,12 +518,11 @@ at::Tensor gguf_select_rows(const at::Tensor& packed, int64_t type, int64_t k_in
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
 namespace {
 constexpr int kRows = 6;  // activation rows sharing one pass over a record (a verification of K <= 5 drafts)
-// Bytes ahead of the weights being read that are prefetched: the decoding work per byte leaves too
-// few loads in flight for the hardware prefetcher alone to keep a core's memory stream busy.
-#ifndef SPECLM_PREFETCH
-#define SPECLM_PREFETCH 0
-#endif
-constexpr int64_t kPrefetch = SPECLM_PREFETCH;
+// Bytes ahead of the weights being read that are prefetched (g_prefetch; 0: none): the decoding work per
+// byte leaves too few loads in flight for the hardware prefetcher alone to keep a core's memory stream
+// busy, and a multi-row pass (verification) then pays its compute and its memory time one after the
+// other. The default comes from a sweep on the real pair (`python -m speclm.bench.prefetch`).
+int64_t g_prefetch = 2048;
 
 // Integer dot products of one 32-input unit: acc_lo[t] over inputs 0..15, acc_hi[t] over 16..31, per output lane
 // (acc_lo and acc_hi may be the same array: then the whole unit's sum).
@@ -531,7 +530,7 @@ template <int T, int BITS>
 inline void unit_dot(const uint8_t* unit, const uint32_t* const* x4, int64_t quad0, __m512i* acc_lo, __m512i* acc_hi) {
   if constexpr (BITS == 8) {
     for (int p = 0; p < 8; ++p) {
-      if constexpr (kPrefetch > 0) _mm_prefetch(reinterpret_cast<const char*>(unit + 64 * p + kPrefetch), _MM_HINT_T0);
+      if (g_prefetch > 0) _mm_prefetch(reinterpret_cast<const char*>(unit + 64 * p + g_prefetch), _MM_HINT_T0);
       const __m512i v = _mm512_loadu_si512(unit + 64 * p);
       for (int t = 0; t < T; ++t) {
         __m512i& acc = p < 4 ? acc_lo[t] : acc_hi[t];
@@ -547,11 +546,11 @@ inline void unit_dot(const uint8_t* unit, const uint32_t* const* x4, int64_t qua
     high_a = _mm512_loadu_si512(unit + 256);
     high_b = _mm512_loadu_si512(unit + 320);
   }
-  if constexpr (kPrefetch > 0 && BITS > 4)  // the high-bit planes after the nibbles
+  if (g_prefetch > 0 && BITS > 4)  // the high-bit planes after the nibbles
     for (int64_t b = 256; b < (BITS == 6 ? 384 : 320); b += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(unit + b + kPrefetch), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(unit + b + g_prefetch), _MM_HINT_T0);
   for (int p = 0; p < 4; ++p) {
-    if constexpr (kPrefetch > 0) _mm_prefetch(reinterpret_cast<const char*>(unit + 64 * p + kPrefetch), _MM_HINT_T0);
+    if (g_prefetch > 0) _mm_prefetch(reinterpret_cast<const char*>(unit + 64 * p + g_prefetch), _MM_HINT_T0);
     const __m512i v = _mm512_loadu_si512(unit + 64 * p);
     __m512i lo = _mm512_and_si512(v, low4);
     __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
@@ -592,9 +591,9 @@ void block_rows(const uint8_t* rec, int64_t blocks, const QuantizedRow* const* x
   __m512 acc_y[T];
   for (int t = 0; t < T; ++t) acc_y[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b, rec += RECORD) {
-    if constexpr (kPrefetch > 0)
+    if (g_prefetch > 0)
       for (int64_t off = 0; off < PARAMS; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(rec + off + kPrefetch), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(rec + off + g_prefetch), _MM_HINT_T0);
     const __m512 d = load_fp16x16(rec);
     const uint8_t* units = rec + PARAMS;
     if constexpr (!K) {  // one 32-input unit per block
@@ -701,6 +700,17 @@ constexpr bool kGgufAvailable = false;
 #endif
 
 bool gguf_available() { return kGgufAvailable; }
+
+int64_t gguf_set_prefetch(int64_t distance) {
+  TORCH_CHECK(distance >= 0 && distance % 64 == 0, "gguf_set_prefetch: a multiple of 64 bytes, >= 0");
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+  const int64_t previous = g_prefetch;
+  g_prefetch = distance;
+  return previous;
+#else
+  return distance;
+#endif
+}
 
 // x [M, K] fp32 times the repacked weights of several segments (their outputs side by side: a fused QKV
 // projection whose parts have different types), plus bias [sum n] (optional) -> y [M, sum n] fp32.

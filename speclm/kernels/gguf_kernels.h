@@ -12,3 +12,4 @@ at::Tensor gguf_matmul(const at::Tensor& x, const std::vector<at::Tensor>& packe
 int64_t gguf_record_bytes(int64_t type);
 at::Tensor gguf_select_rows(const at::Tensor& packed, int64_t type, int64_t k_in, const at::Tensor& rows);
 bool gguf_available();
+int64_t gguf_set_prefetch(int64_t distance);  // bytes prefetched ahead of the weights; returns the previous

@@ -61,6 +61,26 @@ def test_native_type_equals_the_gguf_package_and_is_row_invariant(kind):
     assert torch.equal(y, alone)
 
 
+def test_prefetch_distance_changes_no_result():
+    """gguf_matmul's prefetch distance is a memory hint: every distance gives the same bits (prefetches past
+    the weights' end never fault), and a distance that is not a whole number of cache lines is refused."""
+    kernels = native_kernels()
+    rng = np.random.default_rng(3)
+    raws = {k: torch.from_numpy(raw_tensor(k, 40, 512, rng)) for k in NATIVE_TYPES}
+    layers = [GGUFLinear([Segment.from_raw(k, raw)], 512) for k, raw in raws.items()]
+    x = torch.randn(6, 512, generator=torch.Generator().manual_seed(2))
+    previous = kernels.gguf_set_prefetch(0)
+    try:
+        plain = [layer(x) for layer in layers]
+        for distance in (64, 2048, 1 << 20):
+            kernels.gguf_set_prefetch(distance)
+            assert all(torch.equal(layer(x), y) for layer, y in zip(layers, plain, strict=True))
+        with pytest.raises(RuntimeError, match="multiple of 64"):
+            kernels.gguf_set_prefetch(100)
+    finally:
+        kernels.gguf_set_prefetch(previous)
+
+
 def test_fused_segments_of_different_types_and_row_order():
     """A fused projection whose parts have different types (QKV with a Q6_K value projection), packed
     rows in a given order (llama's rotary permutation), and a row subset (a draft head's token map)."""
