@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from speclm.kernels import cpu_kernels
+from speclm.models.op_module import OpModule
 
 # GGML type ids (gguf.GGMLQuantizationType) the kernels run on their own grid.
 NATIVE_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
@@ -58,7 +59,7 @@ def quantized_segment(weight: torch.Tensor, type_name: str) -> Segment:
     return Segment.from_raw(type_name, torch.cat(raw))
 
 
-class GGUFLinear(nn.Module):
+class GGUFLinear(OpModule):
     """y = x @ W.T + b where W's rows are one or more GGUF tensors on their own grids (a fused QKV
     projection may mix types); fp32 in and out."""
 

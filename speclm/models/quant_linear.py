@@ -13,6 +13,7 @@ from torch import nn
 
 from speclm.config import WeightFormat
 from speclm.kernels import cpu_kernels
+from speclm.models.op_module import OpModule
 from speclm.models.quantizers import COMPUTE_DTYPE, quantize_int4, quantize_int8
 from speclm.models.w8a8_linear import W8A8Linear, w8a8_supported
 
@@ -27,7 +28,7 @@ def _quantized_forward(
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
-class QuantizedLinear(nn.Module):
+class QuantizedLinear(OpModule):
     """Base of the non-fp32 linear layers: bf16 matmul, fp32 in and out, optional fp32 bias."""
 
     def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None) -> None:
@@ -228,7 +229,7 @@ def linear_op(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     each other (dense_kernel)."""
     if type(module) in (nn.Linear, Linear):
         return dense_kernel(module.weight, module.bias)
-    if isinstance(module, QuantizedLinear):
+    if isinstance(module, OpModule):  # the quantized formats, GGUF-native and w8a8 layers
         return module.op()
     return module
 

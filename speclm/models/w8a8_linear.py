@@ -19,9 +19,9 @@ import warnings
 from types import ModuleType
 
 import torch
-from torch import nn
 
 from speclm.kernels import cpu_kernels
+from speclm.models.op_module import OpModule
 from speclm.models.quantizers import quantize_int8
 
 
@@ -55,7 +55,7 @@ def w8a8_kernels(weight: torch.Tensor) -> ModuleType | None:
     return kernels if kernels is not None and kernels.w8a8_available() else None
 
 
-class W8A8Linear(nn.Module):
+class W8A8Linear(OpModule):
     """y = x @ W.T + b with W int8 per output channel and each row of x int8 (see the module doc);
     fp32 out. Runs speclm's VNNI kernel where it was compiled (each row quantized to int8 on its
     own absmax), else fbgemm (the pinned-row scheme)."""
@@ -100,6 +100,10 @@ class W8A8Linear(nn.Module):
         torch.div(x, absmax, out=self._rows[1 : n + 1])
         y = torch.ops.quantized.linear_dynamic(self._rows[: n + 1], self.packed, False)[1:] * absmax  # [n, out]
         return y if self.bias is None else y + self.bias
+
+    def op(self):
+        """forward without nn.Module dispatch (the draft heads' and int4 heads' per-token call)."""
+        return self.forward
 
     def dequantized_weight(self) -> torch.Tensor:
         """The fp32 [out, in] weight this layer multiplies by (activation rounding aside)."""
