@@ -16,8 +16,8 @@ from types import ModuleType
 import torch
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
-SOURCES = [SOURCE, Path(__file__).with_name("gguf_kernels.cpp")]
-HEADERS = [Path(__file__).with_name("gguf_kernels.h")]
+SOURCES = [SOURCE, Path(__file__).with_name("gguf_kernels.cpp"), Path(__file__).with_name("gguf_decoder.cpp")]
+HEADERS = [Path(__file__).with_name(name) for name in ("cpu_kernels.h", "gguf_kernels.h", "gguf_decoder.h")]
 DISABLE_ENV = "SPECLM_CPU_KERNELS"  # "0": use torch's ops instead (slower; same tokens up to float near-ties)
 CACHE_ENV = "SPECLM_KERNEL_CACHE"  # where builds go (default ~/.cache/speclm/kernels)
 

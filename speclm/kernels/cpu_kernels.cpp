@@ -9,6 +9,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "cpu_kernels.h"
+#include "gguf_decoder.h"
 #include "gguf_kernels.h"
 
 #include <algorithm>
@@ -728,6 +730,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_record_bytes", &gguf_record_bytes, "bytes per repacked record (16 outputs x one GGUF block)");
   m.def("gguf_available", &gguf_available, "whether gguf_matmul was compiled (AVX-512 VNNI)");
   m.def("gguf_set_prefetch", &gguf_set_prefetch, "bytes gguf_matmul prefetches ahead of the weights (a multiple of 64; 0: none); returns the previous");
+  py::class_<GGUFDecoder>(m, "GGUFDecoder", "a GGUF-native model's decoder layers run from C++ (gguf_decoder.cpp)")
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, double>())
+      .def("add_layer", &GGUFDecoder::add_layer)
+      .def("run", &GGUFDecoder::run, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("num_layers", &GGUFDecoder::num_layers);
   m.def("dense_matmul", &dense_matmul, "x @ w.T (+ bias) for fp32 or bf16 weights [N, K], row-invariant, fp32 out",
         py::call_guard<py::gil_scoped_release>());
 }

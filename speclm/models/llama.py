@@ -9,6 +9,7 @@ from speclm.kv.cache import KVCache
 from speclm.models.attention import AttentionMetadata, PagedAttentionMetadata, TensorFn
 from speclm.models.config import ModelConfig
 from speclm.models.layers import DecoderLayer, LayerOps, RMSNorm, decoder_layer
+from speclm.models.native_decoder import native_decoder, runs_natively
 from speclm.models.quant_linear import Linear, linear_op
 from speclm.models.rope import RotaryEmbedding
 
@@ -37,6 +38,7 @@ class LlamaModel(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.lean_ops: list[LayerOps] | None = None  # see use_lean_ops
         self.head_op: TensorFn | None = None
+        self.native_decoder = None  # see use_lean_ops
 
     @property
     def act_dtype(self) -> torch.dtype:
@@ -63,9 +65,12 @@ class LlamaModel(nn.Module):
         """Run `forward` (inference) and `compute_logits` through closures over the layers' tensors
         instead of nn.Module calls: the same arithmetic, bit for bit, minus the dispatch. Modules
         replaced or hooked after this call are not seen until it is called again; `hidden_states`
-        (training, calibration hooks) always goes through the modules. The engine turns this on."""
+        (training, calibration hooks) always goes through the modules. The engine turns this on. A model
+        whose projections are all GGUF-native also gets a native decoder (speclm/models/native_decoder.py),
+        which runs a contiguous cache's decoding rows (a draft model's) in one C++ call."""
         self.lean_ops = [layer.ops(lean=True) for layer in self.layers] if enabled else None
         self.head_op = linear_op(self.lm_head) if enabled else None
+        self.native_decoder = native_decoder(self.layers) if enabled else None
 
     @torch.inference_mode()
     def forward(
@@ -94,6 +99,16 @@ class LlamaModel(nn.Module):
         run as `ops` (one per layer) when given, else as their modules."""
         x = self.embed_tokens(tokens)
         cos, sin = (t.to(self.attn_dtype) for t in self.rotary(positions))
+        if (
+            ops is not None
+            and ops is self.lean_ops
+            and self.native_decoder is not None
+            and runs_natively(cache, meta, x)
+        ):
+            x = self.native_decoder.run(
+                x, cos, sin, cache.keys, cache.values, meta.start, num_layers or len(self.layers)
+            )
+            return self.norm(x)
         for i in range(num_layers or len(self.layers)):
             k_cache, v_cache = cache.layer(i)
             if ops is None:

@@ -1,0 +1,55 @@
+"""The decoder layers of a model whose projections are all GGUF-native, run by one C++ call per pass
+(speclm/kernels/gguf_decoder.cpp) where the rows attend like decoding over one contiguous cache: a
+draft model's proposals. Same kernels, same order, same bits as the Python layers."""
+
+from __future__ import annotations
+
+import torch
+
+from speclm.kernels import cpu_kernels
+from speclm.kv.cache import KVCache
+from speclm.models.attention import AttentionMetadata
+from speclm.models.gguf_weights import GGUFLinear
+
+
+def native_decoder(layers) -> object | None:
+    """A GGUFDecoder over `layers` (DecoderLayer modules), or None when one of them does not fit: a
+    projection that is not GGUF-native or a norm that is not fp32, or no kernels here."""
+    kernels = cpu_kernels()
+    if kernels is None or not kernels.gguf_available() or len(layers) == 0:
+        return None
+    first = layers[0]
+    a, m = first.self_attn, first.mlp
+    eps = first.input_layernorm.eps
+    decoder = kernels.GGUFDecoder(a.num_heads, a.num_kv_heads, a.head_dim, m.intermediate_size, eps)
+    for layer in layers:
+        projections = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        if not all(type(p) is GGUFLinear for p in projections):
+            return None
+        if any(n.weight.dtype != torch.float32 or n.eps != eps for n in norms):
+            return None
+        decoder.add_layer(
+            norms[0].weight.detach(),
+            norms[1].weight.detach(),
+            [[s.packed for s in p.segments] for p in projections],
+            [[s.type_id for s in p.segments] for p in projections],
+            [[s.out_features for s in p.segments] for p in projections],
+            [p.bias if p.bias is not None else torch.empty(0) for p in projections],
+        )
+    return decoder
+
+
+def runs_natively(cache, meta, x: torch.Tensor) -> bool:
+    """Whether a pass can take the native decoder: fp32 rows after a prefix (they attend like decoding)
+    over a contiguous fp32 cache, no mask and no tree."""
+    return (
+        isinstance(cache, KVCache)
+        and isinstance(meta, AttentionMetadata)
+        and meta.mask is None
+        and meta.paths is None
+        and meta.start > 0
+        and cache.keys.dtype == torch.float32
+        and x.dtype == torch.float32
+        and x.device.type == "cpu"
+    )
