@@ -1,7 +1,7 @@
-// A GGUF-native model's decoder layers run from C++ for rows that attend like decoding over one
-// contiguous KV cache (a draft model's tokens). The Python loop over layers costs ~14 torch and kernel
-// calls per layer through the interpreter; a one-token draft pass of a 24-layer model spends a fifth
-// of its time there. This loop calls the same kernels and ATen ops in the same order as
+// A GGUF-native model's decoder layers run from C++ for rows that attend like decoding: the engine's
+// passes over its paged pool and a draft model's over its contiguous cache. The Python loop over
+// layers costs ~14 torch and kernel calls per layer through the interpreter; a one-token draft pass of
+// a 24-layer model spent a fifth of its time there. This loop calls the same kernels and ATen ops in the same order as
 // speclm/models/layers.py's decoder_layer (rms_norm, gguf_matmul, rope_qkv, attend_rows, silu, mul,
 // add), so its results are the Python path's bit for bit (tests/models/test_gguf_decoder.py).
 #include "gguf_decoder.h"
@@ -37,22 +37,20 @@ at::Tensor project(const at::Tensor& x, const std::vector<at::Tensor>& packed, c
 }
 }  // namespace
 
-// x [n, hidden] fp32: the new rows, at positions start.. (cos/signed_sin [n, head_dim] fp32 for them);
-// keys/values [layers, kv_heads, capacity, head_dim] fp32, the cache. Row i attends to slots
-// 0..start+i, as decoding does. Returns the hidden states after `num_layers` layers (before the final norm).
+// x [n, hidden] fp32: the new rows (cos/signed_sin [n, head_dim] fp32 at their positions); keys/values
+// [layers, kv_heads, slots, head_dim] fp32: a contiguous cache or a paged pool. Row i's key and value go
+// to slot write_slots[i]; it then attends as attend_rows says (lengths, table, table_rows: a DecodeRows).
+// Returns the hidden states after `num_layers` layers (before the final norm).
 at::Tensor GGUFDecoder::run(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& signed_sin,
-                            const at::Tensor& keys, const at::Tensor& values, int64_t start, int64_t num_layers) const {
+                            const at::Tensor& keys, const at::Tensor& values, const at::Tensor& write_slots,
+                            const at::Tensor& lengths, const at::Tensor& table, const at::Tensor& table_rows,
+                            int64_t num_layers) const {
   TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "GGUFDecoder.run: x [n, hidden] fp32");
   TORCH_CHECK(num_layers >= 1 && num_layers <= static_cast<int64_t>(layers_.size()), "GGUFDecoder.run: num_layers");
   TORCH_CHECK(keys.dim() == 4 && keys.size(0) >= num_layers && values.sizes() == keys.sizes() &&
                   keys.scalar_type() == at::kFloat && values.scalar_type() == at::kFloat,
-              "GGUFDecoder.run: fp32 caches [layers, kv_heads, capacity, head_dim]");
+              "GGUFDecoder.run: fp32 caches [layers, kv_heads, slots, head_dim]");
   const int64_t n = x_in.size(0);
-  TORCH_CHECK(n >= 1 && start >= 0 && start + n <= keys.size(2), "GGUFDecoder.run: rows past the cache's capacity");
-  const auto index = at::TensorOptions().dtype(at::kLong);
-  const at::Tensor slots = at::arange(start, start + n, index);
-  const at::Tensor lengths = at::arange(start + 1, start + n + 1, index);
-  const at::Tensor none = at::empty({0}, index);
   const double scale = std::pow(static_cast<double>(head_dim_), -0.5);  // as Python's head_dim ** -0.5
   at::Tensor x = x_in.contiguous();
   for (int64_t l = 0; l < num_layers; ++l) {
@@ -60,8 +58,9 @@ at::Tensor GGUFDecoder::run(const at::Tensor& x_in, const at::Tensor& cos, const
     at::Tensor k_cache = keys.select(0, l), v_cache = values.select(0, l);
     const at::Tensor qkv = project(rms_norm(x, layer.input_norm, eps_), layer.qkv.packed, layer.qkv.types,
                                    layer.qkv.sizes, layer.qkv.bias);
-    const at::Tensor q = rope_qkv(qkv, cos, signed_sin, heads_, kv_heads_, k_cache, v_cache, slots);
-    const at::Tensor attended = attend_rows(q, k_cache, v_cache, lengths, none, none, scale).transpose(0, 1).reshape({n, -1});
+    const at::Tensor q = rope_qkv(qkv, cos, signed_sin, heads_, kv_heads_, k_cache, v_cache, write_slots);
+    const at::Tensor attended =
+        attend_rows(q, k_cache, v_cache, lengths, table, table_rows, scale).transpose(0, 1).reshape({n, -1});
     x = x + project(attended, layer.o.packed, layer.o.types, layer.o.sizes, layer.o.bias);
     const at::Tensor gate_up = project(rms_norm(x, layer.post_norm, eps_), layer.gate_up.packed, layer.gate_up.types,
                                        layer.gate_up.sizes, layer.gate_up.bias);

@@ -13,7 +13,8 @@ class GGUFDecoder {
                  const std::vector<std::vector<at::Tensor>>& packed, const std::vector<std::vector<int64_t>>& types,
                  const std::vector<std::vector<int64_t>>& sizes, const std::vector<at::Tensor>& biases);
   at::Tensor run(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& signed_sin, const at::Tensor& keys,
-                 const at::Tensor& values, int64_t start, int64_t num_layers) const;
+                 const at::Tensor& values, const at::Tensor& write_slots, const at::Tensor& lengths,
+                 const at::Tensor& table, const at::Tensor& table_rows, int64_t num_layers) const;
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
  private:

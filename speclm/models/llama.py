@@ -9,7 +9,7 @@ from speclm.kv.cache import KVCache
 from speclm.models.attention import AttentionMetadata, PagedAttentionMetadata, TensorFn
 from speclm.models.config import ModelConfig
 from speclm.models.layers import DecoderLayer, LayerOps, RMSNorm, decoder_layer
-from speclm.models.native_decoder import native_decoder, runs_natively
+from speclm.models.native_decoder import native_decoder, native_rows
 from speclm.models.quant_linear import Linear, linear_op
 from speclm.models.rope import RotaryEmbedding
 
@@ -67,7 +67,7 @@ class LlamaModel(nn.Module):
         replaced or hooked after this call are not seen until it is called again; `hidden_states`
         (training, calibration hooks) always goes through the modules. The engine turns this on. A model
         whose projections are all GGUF-native also gets a native decoder (speclm/models/native_decoder.py),
-        which runs a contiguous cache's decoding rows (a draft model's) in one C++ call."""
+        which runs a pass's layers in one C++ call where its rows attend like decoding."""
         self.lean_ops = [layer.ops(lean=True) for layer in self.layers] if enabled else None
         self.head_op = linear_op(self.lm_head) if enabled else None
         self.native_decoder = native_decoder(self.layers) if enabled else None
@@ -99,15 +99,15 @@ class LlamaModel(nn.Module):
         run as `ops` (one per layer) when given, else as their modules."""
         x = self.embed_tokens(tokens)
         cos, sin = (t.to(self.attn_dtype) for t in self.rotary(positions))
-        if (
-            ops is not None
-            and ops is self.lean_ops
-            and self.native_decoder is not None
-            and runs_natively(cache, meta, x)
-        ):
-            x = self.native_decoder.run(
-                x, cos, sin, cache.keys, cache.values, meta.start, num_layers or len(self.layers)
-            )
+        native = self.native_decoder if ops is not None and ops is self.lean_ops else None
+        rows = native_rows(cache, meta, x) if native is not None else None
+        if rows is not None:
+            slots, decode = rows
+            empty = decode.lengths[:0]
+            table = empty if decode.slots is None else decode.slots
+            table_rows = empty if decode.slot_rows is None else decode.slot_rows
+            count = num_layers or len(self.layers)
+            x = native.run(x, cos, sin, cache.keys, cache.values, slots, decode.lengths, table, table_rows, count)
             return self.norm(x)
         for i in range(num_layers or len(self.layers)):
             k_cache, v_cache = cache.layer(i)

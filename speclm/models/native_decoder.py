@@ -1,6 +1,7 @@
 """The decoder layers of a model whose projections are all GGUF-native, run by one C++ call per pass
-(speclm/kernels/gguf_decoder.cpp) where the rows attend like decoding over one contiguous cache: a
-draft model's proposals. Same kernels, same order, same bits as the Python layers."""
+(speclm/kernels/gguf_decoder.cpp) wherever the rows attend like decoding: the engine's passes over its
+paged pool, a draft model's over its contiguous cache. Same kernels, same order, same bits as the
+Python layers."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import torch
 
 from speclm.kernels import cpu_kernels
 from speclm.kv.cache import KVCache
-from speclm.models.attention import AttentionMetadata
+from speclm.kv.paged_cache import PagedKVCache
+from speclm.models.attention import AttentionMetadata, DecodeRows, PagedAttentionMetadata
 from speclm.models.gguf_weights import GGUFLinear
 
 
@@ -40,16 +42,20 @@ def native_decoder(layers) -> object | None:
     return decoder
 
 
-def runs_natively(cache, meta, x: torch.Tensor) -> bool:
-    """Whether a pass can take the native decoder: fp32 rows after a prefix (they attend like decoding)
-    over a contiguous fp32 cache, no mask and no tree."""
-    return (
-        isinstance(cache, KVCache)
-        and isinstance(meta, AttentionMetadata)
-        and meta.mask is None
-        and meta.paths is None
-        and meta.start > 0
-        and cache.keys.dtype == torch.float32
-        and x.dtype == torch.float32
-        and x.device.type == "cpu"
-    )
+def native_rows(cache, meta, x: torch.Tensor) -> tuple[torch.Tensor, DecodeRows] | None:
+    """(the new rows' cache slots, their DecodeRows) when the native decoder can run this pass, else None:
+    fp32 rows that attend like decoding over an fp32 cache (not the int8 pool), with no queries wanted
+    by a KV eviction policy; the Python layers run the rest (a prompt from slot 0 on a contiguous cache
+    is one SDPA call there)."""
+    if not isinstance(cache, (KVCache, PagedKVCache)) or x.dtype != torch.float32 or x.device.type != "cpu":
+        return None
+    if cache.keys.dtype != torch.float32:
+        return None
+    if isinstance(cache, PagedKVCache) and isinstance(meta, PagedAttentionMetadata):
+        if cache.quantize or meta.queries is not None:
+            return None
+        return meta.write_slots(x.device), meta.pooled()
+    if isinstance(cache, KVCache) and isinstance(meta, AttentionMetadata):
+        rows = meta.decode_rows(x.device)
+        return None if rows is None else (meta.write_slots(x.device), rows)
+    return None

@@ -4,10 +4,12 @@ layers, bit for bit, for the rows it runs (a contiguous cache's decoding rows, a
 import pytest
 import torch
 
+from speclm.llm import LLM
 from speclm.models.attention import AttentionMetadata
 from speclm.models.builder import build_model
 from speclm.models.gguf_weights import native_kernels
 from speclm.models.loader import load_checkpoint
+from speclm.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(native_kernels() is None, reason="no AVX-512 VNNI kernels here")
 
@@ -55,5 +57,28 @@ def test_native_decoder_equals_the_python_layers(model, num_layers):
 def test_native_decoder_rejects_rows_past_the_cache(model):
     cache = model.new_cache(4)
     feed(model, cache, [1, 2, 3])
-    with pytest.raises(RuntimeError, match="capacity"):
+    with pytest.raises(RuntimeError, match="slot out of range"):
         feed(model, cache, [4, 5])
+
+
+@pytest.mark.parametrize("spec", [None, "ngram"])
+def test_engine_passes_run_natively_and_keep_their_tokens(spec):
+    """The engine's paged passes (prefill, decoding, verification) take the native decoder, and the
+    greedy tokens with it equal those of the Python layers."""
+    llm = LLM(spec=spec, threads=2)  # the default model, --weights auto
+    decoder = llm.model.native_decoder
+    assert decoder is not None
+    rows = []
+
+    class Counting:  # the decoder's interface, counting the rows of each pass
+        def run(self, *args):
+            rows.append(args[0].shape[0])
+            return decoder.run(*args)
+
+    params = SamplingParams(max_tokens=32, temperature=0.0)
+    prompt = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"
+    llm.model.native_decoder = Counting()
+    native = llm.generate(prompt, params)[0].token_ids
+    assert len(rows) > 2 and max(rows) > 2  # the prompt's rows, then decoding (or verification) rows
+    llm.model.native_decoder = None
+    assert llm.generate(prompt, params)[0].token_ids == native
