@@ -21,6 +21,11 @@ class SpeculationController:
     - verification times are measured per K; a K not measured yet is estimated from a straight line
       through the ones that were (a pass costs about linearly more per row);
     - acceptance counts decay, so the estimates follow the text as it changes;
+    - a position measured rarely or long ago leans on the one before it (its prior is that position's
+      acceptance, not a fixed number): drafts that got this far usually keep going, and a fixed prior
+      below that made deeper K look worse than it was, so it was never tried and never re-measured;
+    - every `explore_interval` steps with speculation on, K is one more than the best estimate (up to
+      max_k), so the next position's acceptance keeps being measured;
     - when speculation is off, a probe step with a small K re-measures acceptance every
       `probe_interval` steps (the interval doubles, up to `max_probe_interval`, while probes keep
       failing), so a request that turned speculation off early can turn it back on.
@@ -32,6 +37,7 @@ class SpeculationController:
     probe_interval: int = 8
     max_probe_interval: int = 64
     probe_k: int = 2
+    explore_interval: int = 16
     prior_acceptance: float = 0.7
     prior_weight: float = 1.0
     depth_of: Callable[[int], int] | None = None  # tree proposers: node budget -> tree depth
@@ -42,6 +48,7 @@ class SpeculationController:
     _steps_off: int = 0
     _interval: int = 0
     _probing: bool = False
+    _steps_on: int = 0
 
     # -- choosing K ----------------------------------------------------------------------
     def next_k(self) -> int:
@@ -63,18 +70,21 @@ class SpeculationController:
         if best_k == 0:
             self._interval = min(self.max_probe_interval, 2 * self._interval) if self._interval else self.probe_interval
             self._steps_off = self._interval
-        else:
-            self._interval = 0
+            return 0
+        self._interval = 0
+        self._steps_on += 1
+        if self._steps_on % self.explore_interval == 0:  # measure one position deeper now and then
+            return min(best_k + 1, self.max_k)
         return best_k
 
     def acceptance(self, position: int) -> float:
-        """P(draft `position` is accepted | the ones before it were), with a prior for few observations."""
-        if position >= len(self.tries):
-            position = len(self.tries) - 1  # deeper than ever measured: as deep as measured
-        if position < 0:
-            return self.prior_acceptance
-        w = self.prior_weight
-        return (self.hits[position] + w * self.prior_acceptance) / (self.tries[position] + w)
+        """P(draft `position` is accepted | the ones before it were). Each position's prior (weight
+        prior_weight) is the position before it (prior_acceptance for the first), so a position with few
+        recent observations, or none (deeper than ever measured), takes after the one before it."""
+        value, w = self.prior_acceptance, self.prior_weight
+        for i in range(min(position + 1, len(self.tries))):
+            value = (self.hits[i] + w * value) / (self.tries[i] + w)
+        return value
 
     def expected_tokens(self, k: int) -> float:
         depth = self.depth_of(k) if self.depth_of is not None else k

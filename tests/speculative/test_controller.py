@@ -80,3 +80,34 @@ def test_tree_budget_counts_tokens_by_depth_not_nodes():
     tree.record(16, 2, 0.001, 0.02, depth=2)
     chain.record(16, 2, 0.001, 0.02)
     assert tree.acceptance(2) > chain.acceptance(2)  # the chain saw a rejection at its third draft, the tree none
+
+
+def test_a_rarely_tried_position_takes_after_the_one_before_it():
+    """Early steps tried K = 6 and missed at position 3; since then K = 3 was always accepted. Position 3's
+    old miss fades, and its estimate leans on position 2's (near 1), not on a fixed prior, so K grows
+    again. Negative control: with a fixed prior (the previous rule) K stays lower."""
+
+    class FixedPrior(SpeculationController):
+        def acceptance(self, position: int) -> float:
+            i = min(position, len(self.tries) - 1)
+            return (self.hits[i] + self.prior_weight * self.prior_acceptance) / (self.tries[i] + self.prior_weight)
+
+    chosen = []
+    for cls in (SpeculationController, FixedPrior):
+        c = cls(max_k=6, explore_interval=10**9)
+        c.record(0, 0, 0.0, 0.040)
+        for _ in range(3):
+            c.record(6, 3, 0.060, 0.060)
+        for _ in range(40):
+            c.record(3, 3, 0.030, 0.048)
+        c.target_time.update({4: 0.050, 5: 0.052, 6: 0.054})
+        chosen.append(c.next_k())
+    assert chosen[0] == 6 > chosen[1]
+
+
+def test_exploration_measures_one_position_deeper_now_and_then():
+    c = SpeculationController(max_k=6, explore_interval=4, prior_weight=0.01)
+    c.record(0, 0, 0.0, 0.010)
+    feed(c, 2, 1, 0.004, 0.012)  # position 1 never accepted: the best K is 1
+    ks = [c.next_k() for _ in range(8)]
+    assert ks == [1, 1, 1, 2, 1, 1, 1, 2]
