@@ -521,7 +521,7 @@ constexpr int kRows = 6;  // activation rows sharing one pass over a record (a v
 // Bytes ahead of the weights being read that are prefetched (g_prefetch; 0: none): the decoding work per
 // byte leaves too few loads in flight for the hardware prefetcher alone to keep a core's memory stream
 // busy, and a multi-row pass (verification) then pays its compute and its memory time one after the
-// other. The default comes from a sweep on the real pair (`python -m speclm.bench.prefetch`).
+// other. The default comes from a sweep on the real pair (`python -m speclm.bench.pass_cost`).
 int64_t g_prefetch = 2048;
 
 // Integer dot products of one 32-input unit: acc_lo[t] over inputs 0..15, acc_hi[t] over 16..31, per output lane
