@@ -65,6 +65,9 @@ def rope_inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
     raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3, yarn, freq_factors)")
 
 
+INITIAL_POSITIONS = 4096  # the tables' first size; they double when a position past them is asked for
+
+
 class RotaryEmbedding(nn.Module):
     """Cos/sin tables in the half-split (GPT-NeoX / Hugging Face) layout, grown on demand."""
 
@@ -74,7 +77,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("cos_table", torch.empty(0), persistent=False)
         self.register_buffer("signed_sin_table", torch.empty(0), persistent=False)
-        self._grow(max(config.max_position_embeddings, 1) if config.max_position_embeddings <= 32768 else 4096)
+        # A model's whole context (32k for Qwen2.5) would be 32 MB of tables built at load, most never read.
+        self._grow(min(max(config.max_position_embeddings, 1), INITIAL_POSITIONS))
 
     def _grow(self, length: int) -> None:
         t = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)
