@@ -190,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="write OUT.json and OUT.md")
     args = p.parse_args(argv)
     wanted = args.models.split(",")
+    if args.out:  # made now: a missing folder must not lose a finished run's results
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     if any(m in wanted for m in ("target", "pair")) and not pair_path("target"):
         raise SystemExit("the real pair is missing: run `make pair` first")
     models = {
