@@ -26,6 +26,8 @@ class SpeculationController:
       below that made deeper K look worse than it was, so it was never tried and never re-measured;
     - every `explore_interval` steps with speculation on, K is one more than the best estimate (up to
       max_k), so the next position's acceptance keeps being measured;
+    - the first step, before any cost is measured, proposes probe_k drafts, not max_k: a short answer
+      does not pay back a first step at the maximum;
     - when speculation is off, a probe step with a small K re-measures acceptance every
       `probe_interval` steps (the interval doubles, up to `max_probe_interval`, while probes keep
       failing), so a request that turned speculation off early can turn it back on.
@@ -60,8 +62,8 @@ class SpeculationController:
                 self._probing = True
                 return min(self.probe_k, self.max_k)
             return 0
-        if self.draft_time is None or not self.target_time:
-            return self.max_k
+        if self.draft_time is None or not self.target_time:  # nothing measured yet: a small first proposal
+            return min(self.probe_k, self.max_k)
         best_k, best_rate = 0, 1.0 / self.target_seconds(0)
         for k in range(1, self.max_k + 1):
             rate = self.expected_tokens(k) / (self.target_seconds(k) + k * self.draft_time)

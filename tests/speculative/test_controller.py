@@ -111,3 +111,12 @@ def test_exploration_measures_one_position_deeper_now_and_then():
     feed(c, 2, 1, 0.004, 0.012)  # position 1 never accepted: the best K is 1
     ks = [c.next_k() for _ in range(8)]
     assert ks == [1, 1, 1, 2, 1, 1, 1, 2]
+
+
+def test_the_first_step_proposes_little_before_anything_is_measured():
+    c = SpeculationController(max_k=6, probe_k=2)
+    assert c.next_k() == 2
+    c.record(2, 2, 0.002, 0.011, catch_up=True)  # prefill-laden: no drafting cost measured yet
+    assert c.next_k() == 2
+    c.record(2, 2, 0.002, 0.011)
+    assert c.next_k() == 6  # cheap drafts, all accepted: the maximum
