@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from speclm.bench.machine import machine_info
-from speclm.bench.report import write_json
+from speclm.bench.report import header_lines, write_json
 from speclm.kernels import cpu_kernels
 from speclm.models.attention import DecodeRows, attend_like_decoding
 from speclm.models.quantizers import quantize_int4
@@ -120,15 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info()
     write_json(os.path.join(args.out, "kernels.json"), {"command": command, "machine": machine, "records": records})
     lines = [
-        "# speclm CPU kernels vs the torch ops they replace (SmolLM2-135M shapes)",
-        "",
-        f"Command: `{command}`",
-        "",
-        f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
-        f"({args.threads} threads). Cache-warm microbenchmark (the same weights every call; in a model the int4 "
-        "weights come from memory): best of 3 means, microseconds. torch side: `_weight_int4pack_mm_for_cpu`, "
-        "fbgemm's dynamic linear (the w8a8 head's fallback), one SDPA call per row (the attention fallback).",
-        "",
+        *header_lines(
+            "speclm CPU kernels vs the torch ops they replace (SmolLM2-135M shapes)",
+            command,
+            machine,
+            ". Cache-warm microbenchmark (the same weights every call; in a model the int4 weights come from "
+            "memory): best of 3 means, microseconds. torch side: `_weight_int4pack_mm_for_cpu`, fbgemm's dynamic "
+            "linear (the w8a8 head's fallback), one SDPA call per row (the attention fallback).",
+            threads=args.threads,
+        ),
         "| op | rows | speclm us | torch us | torch / speclm |",
         "|---|---:|---:|---:|---:|",
     ]

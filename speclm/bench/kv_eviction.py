@@ -26,7 +26,7 @@ import time
 import torch
 
 from speclm.bench.machine import machine_info
-from speclm.bench.report import output_paths, write_json
+from speclm.bench.report import header_lines, output_paths, write_json
 from speclm.config import CacheConfig
 from speclm.data import SPECBENCH_PROMPTS
 from speclm.engine.engine import Engine
@@ -206,14 +206,12 @@ def write_report(args, results: dict, docs: list[list[int]], stacks: list) -> No
     write_json(paths["json"], {"command": command, "machine": machine, "settings": settings, "results": results})
     full = results["full cache"]
     lines = [
-        "# KV eviction: StreamingLLM, H2O and SnapKV against the full cache (SmolLM2-135M-Instruct)",
-        "",
-        f"Command: `{command}`",
-        "",
-        f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
-        f"({machine.get('torch_threads')} threads), shared with other jobs: decode rates are within-run "
-        "ratios at best.",
-        "",
+        *header_lines(
+            "KV eviction: StreamingLLM, H2O and SnapKV against the full cache (SmolLM2-135M-Instruct)",
+            command,
+            machine,
+            ", shared with other jobs: decode rates are within-run ratios at best.",
+        ),
         f"Perplexity: {len(docs)} Spec-Bench summarization articles ({', '.join(map(str, doc_lengths))} tokens), "
         f"the first {args.ppl_prefix} as the prompt, the rest decoded token by token through the evicting cache "
         f"(teacher forcing; {full['scored_tokens']} scored tokens). Passkey: {len(stacks)} haystacks of "

@@ -16,7 +16,7 @@ import sys
 import time
 
 from speclm.bench.machine import machine_info
-from speclm.bench.report import write_json
+from speclm.bench.report import header_lines, write_json
 from speclm.kernels import cpu_kernels
 from speclm.models.attention import BatchEntry
 
@@ -71,14 +71,9 @@ def markdown(records: list[dict], title: str, command: str, machine: dict) -> st
     base = variants[0]
     plural = {n: f"{n} row{'s' if n > 1 else ''}" for n in rows}
     lines = [
-        f"# {title}",
-        "",
-        f"Command: `{command}`",
-        "",
-        f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
-        f"({machine.get('torch_threads')} threads); 1-minute load average at the end "
-        f"{machine.get('load_average_1min')}",
-        "",
+        *header_lines(
+            title, command, machine, f"; 1-minute load average at the end {machine.get('load_average_1min')}"
+        ),
         "Median ms of a pass over N new rows (logits for every row, as verification computes them), per "
         "distance gguf_matmul prefetches ahead of the weights it reads and per way the layers run (`native`: "
         f"one C++ call per pass; `python`: a layer at a time). `vs first`: the ratio to the first row's time "

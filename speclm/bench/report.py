@@ -17,19 +17,28 @@ def write_json(path: str, payload: dict) -> None:
         json.dump(payload, f, indent=2)
 
 
+def header_lines(title: str, command: str, machine: dict, after: str = "", threads: int | None = None) -> list[str]:
+    """A benchmark file's opening lines: its title, the command that wrote it, and the machine (CPU, cores,
+    torch and its threads, then `after`)."""
+    threads = machine.get("torch_threads") if threads is None else threads
+    return [
+        f"# {title}",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
+        f"({threads} threads){after}",
+        "",
+    ]
+
+
 def markdown_table(
     summary: dict, methods: list[str], title: str, command: str, machine: dict, greedy: bool = True
 ) -> str:
     """The per-category table. Output mismatches against the first method only mean something for
     greedy runs (sampled runs draw different random numbers per method), so they show as "-" otherwise."""
     lines = [
-        f"# {title}",
-        "",
-        f"Command: `{command}`",
-        "",
-        f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
-        f"({machine.get('torch_threads')} threads)",
-        "",
+        *header_lines(title, command, machine),
         "tokens/s and speedup count the whole request (prefill included); decode columns leave prefill out.",
         "",
         "| category | method | prompts | tokens/s | speedup vs AR | decode tokens/s | decode speedup | tau "

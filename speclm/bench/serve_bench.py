@@ -13,6 +13,8 @@ import threading
 import time
 from contextlib import contextmanager
 
+from speclm.bench.report import header_lines
+
 
 def percentile(values: list[float], q: float) -> float:
     """The q-quantile (0..1) by linear interpolation; 0.0 for no values."""
@@ -96,13 +98,7 @@ async def run_level(url: str, prompts: list[list[int]], concurrency: int, num_re
 
 def markdown(results: dict, title: str, command: str, machine: dict, note: str) -> str:
     lines = [
-        f"# {title}",
-        "",
-        f"Command: `{command}`",
-        "",
-        f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
-        f"({machine.get('torch_threads')} threads). {note}",
-        "",
+        *header_lines(title, command, machine, f". {note}"),
         "ITL is the gap between streamed chunks (a speculative step can stream several tokens at once).",
         "",
         "tokens/s counts generated tokens; prompt+gen/s adds the prompt tokens prefilled.",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 
+from speclm.bench.report import header_lines
 from speclm.engine.model_runner import ModelRunner
 from speclm.models.attention import BatchEntry
 from speclm.sample.tree import TokenTree
@@ -77,16 +78,15 @@ def _lazy_tree_pass(runner: ModelRunner, cache, entry: BatchEntry, tree: TokenTr
 
 
 def markdown(records: list[dict], title: str, command: str, machine: dict) -> str:
+    load = machine.get("load_average_1min")
     lines = [
-        f"# {title}",
-        "",
-        f"Command: `{command}`",
-        "",
-        f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
-        f"({machine.get('torch_threads')} threads); 1-minute load average at the end "
-        f"{machine.get('load_average_1min')} (other jobs shared the cores: best-of-rounds damps, not removes, "
-        "their noise)",
-        "",
+        *header_lines(
+            title,
+            command,
+            machine,
+            f"; 1-minute load average at the end {load} (other jobs shared the cores: best-of-rounds damps, not "
+            "removes, their noise)",
+        ),
         "Best-of-rounds ms (medians in the JSON) per target pass over the pending token + N draft nodes (a bushy "
         "tree as the default Medusa tree); `chain` = the same row count as a chain; `lazy` = the tree pass with "
         "logits for a 3-row path only (the engine's way for trees of 4+ nodes).",

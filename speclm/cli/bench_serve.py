@@ -94,7 +94,7 @@ def run_kv(args: argparse.Namespace) -> int:
     import time
 
     from speclm.bench.machine import machine_info
-    from speclm.bench.report import output_paths, write_json
+    from speclm.bench.report import header_lines, output_paths, write_json
     from speclm.cli.serve import cache_config
     from speclm.engine.engine import Engine
     from speclm.engine.request import Request
@@ -150,15 +150,10 @@ def run_kv(args: argparse.Namespace) -> int:
         if sys.argv[1:2] == ["bench"]
         else "speclm bench kv"
     )
+    title = f"speclm bench kv: {os.path.basename(llm.model_path)}, {len(prompts)} prompts, greedy, "
+    title += f"{args.max_tokens} tokens each"
     lines = [
-        f"# speclm bench kv: {os.path.basename(llm.model_path)}, {len(prompts)} prompts, greedy, "
-        f"{args.max_tokens} tokens each",
-        "",
-        f"Command: `{command}`",
-        "",
-        f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch {machine.get('torch')} "
-        f"({machine.get('torch_threads')} threads). {NOTE}",
-        "",
+        *header_lines(title, command, machine, f". {NOTE}"),
         "Agreement: greedy tokens generated before the first difference from the full-precision cache's output.",
         "",
         "| KV cache | bytes/token | pool MB | KV MB of the longest sequence | identical outputs | "

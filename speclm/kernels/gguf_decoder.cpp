@@ -1,7 +1,7 @@
 // A GGUF-native model's decoder layers run from C++ for rows that attend like decoding: the engine's
 // passes over its paged pool and a draft model's over its contiguous cache. The Python loop over
-// layers costs ~14 torch and kernel calls per layer through the interpreter; a one-token draft pass of
-// a 24-layer model spent a fifth of its time there. This loop calls the same kernels and ATen ops in the same order as
+// layers makes ~14 torch and kernel calls per layer through the interpreter, which a one-token pass of
+// a small draft model feels (benchmarks/pass_cost_*.md). This loop calls the same kernels and ATen ops in the same order as
 // speclm/models/layers.py's decoder_layer (rms_norm, gguf_matmul, rope_qkv, attend_rows, silu, mul,
 // add), so its results are the Python path's bit for bit (tests/models/test_gguf_decoder.py).
 #include "gguf_decoder.h"
@@ -30,13 +30,6 @@ void GGUFDecoder::add_layer(const at::Tensor& input_norm, const at::Tensor& post
   layers_.push_back(Layer{input_norm.contiguous(), post_norm.contiguous(), p[0], p[1], p[2], p[3]});
 }
 
-namespace {
-at::Tensor project(const at::Tensor& x, const std::vector<at::Tensor>& packed, const std::vector<int64_t>& types,
-                   const std::vector<int64_t>& sizes, const at::Tensor& bias) {
-  return gguf_matmul(x, packed, types, sizes, bias);
-}
-}  // namespace
-
 // x [n, hidden] fp32: the new rows (cos/signed_sin [n, head_dim] fp32 at their positions); keys/values
 // [layers, kv_heads, slots, head_dim] fp32: a contiguous cache or a paged pool. Row i's key and value go
 // to slot write_slots[i]; it then attends as attend_rows says (lengths, table, table_rows: a DecodeRows).
@@ -56,16 +49,16 @@ at::Tensor GGUFDecoder::run(const at::Tensor& x_in, const at::Tensor& cos, const
   for (int64_t l = 0; l < num_layers; ++l) {
     const Layer& layer = layers_[l];
     at::Tensor k_cache = keys.select(0, l), v_cache = values.select(0, l);
-    const at::Tensor qkv = project(rms_norm(x, layer.input_norm, eps_), layer.qkv.packed, layer.qkv.types,
+    const at::Tensor qkv = gguf_matmul(rms_norm(x, layer.input_norm, eps_), layer.qkv.packed, layer.qkv.types,
                                    layer.qkv.sizes, layer.qkv.bias);
     const at::Tensor q = rope_qkv(qkv, cos, signed_sin, heads_, kv_heads_, k_cache, v_cache, write_slots);
     const at::Tensor attended =
         attend_rows(q, k_cache, v_cache, lengths, table, table_rows, scale).transpose(0, 1).reshape({n, -1});
-    x = x + project(attended, layer.o.packed, layer.o.types, layer.o.sizes, layer.o.bias);
-    const at::Tensor gate_up = project(rms_norm(x, layer.post_norm, eps_), layer.gate_up.packed, layer.gate_up.types,
+    x = x + gguf_matmul(attended, layer.o.packed, layer.o.types, layer.o.sizes, layer.o.bias);
+    const at::Tensor gate_up = gguf_matmul(rms_norm(x, layer.post_norm, eps_), layer.gate_up.packed, layer.gate_up.types,
                                        layer.gate_up.sizes, layer.gate_up.bias);
     const at::Tensor act = at::silu(gate_up.narrow(1, 0, intermediate_)) * gate_up.narrow(1, intermediate_, intermediate_);
-    x = x + project(act, layer.down.packed, layer.down.types, layer.down.sizes, layer.down.bias);
+    x = x + gguf_matmul(act, layer.down.packed, layer.down.types, layer.down.sizes, layer.down.bias);
   }
   return x;
 }

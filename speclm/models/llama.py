@@ -99,7 +99,7 @@ class LlamaModel(nn.Module):
         run as `ops` (one per layer) when given, else as their modules."""
         x = self.embed_tokens(tokens)
         cos, sin = (t.to(self.attn_dtype) for t in self.rotary(positions))
-        native = self.native_decoder if ops is not None and ops is self.lean_ops else None
+        native = self.native_decoder if ops is self.lean_ops else None  # (None unless lean ops are on)
         rows = native_rows(cache, meta, x) if native is not None else None
         if rows is not None:
             slots, decode = rows
