@@ -3,6 +3,7 @@ OpenAI-schema answer and the engine keeps serving; a failing step fails only its
 engine loop is reported; abandoned requests stop; limits answer 413/429; a bounded schemathesis run."""
 
 import json
+import statistics
 import threading
 import time
 
@@ -179,9 +180,17 @@ def test_limits_answer_413_and_429(stories_llm):
         assert post(url, COMPLETIONS, {"prompt": "a", "max_tokens": 2}).status_code == 200
 
 
-def test_a_huge_prompt_does_not_block_other_endpoints(server):
-    url, _ = server
-    body = {"prompt": "Once upon a time, there was a girl. " * 50_000}  # ~1.8 MB, tokenized off the event loop
+def test_a_huge_prompt_does_not_block_other_endpoints(server, monkeypatch):
+    url, app = server
+    tokenizer = app.state.service.tokenizer
+    encode = tokenizer.encode
+
+    def slow_encode(text):  # 2 s of tokenizing: on the event loop it would hold up every health check
+        time.sleep(2.0)
+        return encode(text)
+
+    monkeypatch.setattr(tokenizer, "encode", slow_encode)
+    body = {"prompt": "Once upon a time, there was a girl. " * 50_000}  # ~1.8 MB
     result = {}
     sender = threading.Thread(target=lambda: result.update(r=post(url, COMPLETIONS, body, timeout=60)))
     sender.start()
@@ -192,7 +201,9 @@ def test_a_huge_prompt_does_not_block_other_endpoints(server):
         latencies.append(time.perf_counter() - t0)
         time.sleep(0.05)
     assert result["r"].status_code == 400 and result["r"].json()["error"]["code"] == "context_length_exceeded"
-    assert max(latencies, default=0) < 0.5, latencies
+    # Judged on the median and a loose maximum: one check may land on the body's parsing or a busy
+    # moment of a shared machine, but a blocked loop would make a check wait the whole 2 s.
+    assert len(latencies) >= 5 and statistics.median(latencies) < 0.25 and max(latencies) < 1.5, latencies
 
 
 def test_openapi_document_promises_what_the_server_answers(server):
