@@ -120,9 +120,11 @@ class AttentionMetadata:
         k_pos = torch.arange(self.end).unsqueeze(0)
         return k_pos <= q_pos, False
 
-    def decode_rows(self, device: torch.device) -> DecodeRows | None:
-        """The rows' DecodeRows when they attend like decoding, else None (one SDPA call)."""
-        like_decoding = self.paths is not None or (self.mask is None and (self.start > 0 or self.num_tokens == 1))
+    def decode_rows(self, device: torch.device, prompt_too: bool = False) -> DecodeRows | None:
+        """The rows' DecodeRows when they attend like decoding, else None (one SDPA call). With
+        `prompt_too`, a prompt from slot 0 attends like decoding as well (the native decoder: no gradients)."""
+        first_rows = self.start > 0 or self.num_tokens == 1 or prompt_too
+        like_decoding = self.paths is not None or (self.mask is None and first_rows)
         if self._rows is None and like_decoding:
             self._rows = (
                 DecodeRows.causal(self.end, self.num_tokens, device)

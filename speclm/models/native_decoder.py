@@ -45,8 +45,8 @@ def native_decoder(layers) -> object | None:
 def native_rows(cache, meta, x: torch.Tensor) -> tuple[torch.Tensor, DecodeRows] | None:
     """(the new rows' cache slots, their DecodeRows) when the native decoder can run this pass, else None:
     fp32 rows that attend like decoding over an fp32 cache (not the int8 pool), with no queries wanted
-    by a KV eviction policy; the Python layers run the rest (a prompt from slot 0 on a contiguous cache
-    is one SDPA call there)."""
+    by a KV eviction policy; the Python layers run the rest. A prompt from slot 0 on a contiguous cache
+    (a draft model's prefill) attends like decoding here, one SDPA call in the Python layers."""
     if not isinstance(cache, (KVCache, PagedKVCache)) or x.dtype != torch.float32 or x.device.type != "cpu":
         return None
     if cache.keys.dtype != torch.float32:
@@ -56,6 +56,6 @@ def native_rows(cache, meta, x: torch.Tensor) -> tuple[torch.Tensor, DecodeRows]
             return None
         return meta.write_slots(x.device), meta.pooled()
     if isinstance(cache, KVCache) and isinstance(meta, AttentionMetadata):
-        rows = meta.decode_rows(x.device)
+        rows = meta.decode_rows(x.device, prompt_too=True)
         return None if rows is None else (meta.write_slots(x.device), rows)
     return None

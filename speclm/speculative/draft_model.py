@@ -16,6 +16,43 @@ from speclm.speculative.heads import draft_lm_head
 from speclm.speculative.proposer import Proposal, Proposer
 
 TOKEN_MAP_FILE = "speclm_token_map.json"  # beside a draft's weights; not *.safetensors, which loaders read as weights
+PROMPT_MEMO_BYTES = 64 << 20  # the most cache the prompt memo keeps (a 0.5B draft: ~2,600 tokens)
+
+
+class PromptMemo:
+    """A draft model's cache rows for the latest prompt it started on, shared by all its sequences.
+
+    A request whose prompt starts with the same tokens (the chat template's system prompt, the
+    earlier turns of a conversation) copies those rows instead of computing them again: the draft's
+    prefill is a fixed cost per request that short answers cannot pay back (the target's prefix
+    cache does the same for the target). The rows are the ones a fresh prefill would compute, since
+    every row of a pass is computed as decoding computes it.
+    """
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.keys: torch.Tensor | None = None  # [layers, kv_heads, len(ids), head_dim]
+        self.values: torch.Tensor | None = None
+
+    def restore(self, prompt_ids: list[int], cache) -> int:
+        """Copy the rows of the longest common prefix (the prompt's last token excluded, whose logits
+        the first proposal needs) into a fresh `cache`; returns how many."""
+        n, limit = 0, min(len(self.ids), len(prompt_ids) - 1)
+        while n < limit and self.ids[n] == prompt_ids[n]:
+            n += 1
+        if n:
+            cache.keys[:, :, :n] = self.keys[:, :, :n]
+            cache.values[:, :, :n] = self.values[:, :, :n]
+            cache.truncate(n)
+        return n
+
+    def remember(self, prompt_ids: list[int], cache) -> None:
+        """Keep the rows of `prompt_ids` (already in `cache`'s first slots), as many as the budget allows."""
+        per_token = 2 * cache.keys[:, :, :1].nbytes
+        n = min(len(prompt_ids), PROMPT_MEMO_BYTES // per_token)
+        self.ids = list(prompt_ids[:n])
+        self.keys = cache.keys[:, :, :n].clone()
+        self.values = cache.values[:, :, :n].clone()
 
 
 def load_token_map(model_dir: str, vocab_size: int) -> torch.Tensor | None:
@@ -62,16 +99,20 @@ class DraftModelProposer(Proposer):
         self.lm_head = draft_lm_head(model.lm_head, token_map)  # over the token map when there is one
         self.cache = None
         self.cached_ids: list[int] = []
+        self.prompt_memo = PromptMemo()  # shared with every fresh() copy
+        self.unremembered: list[int] | None = None  # this sequence's prompt until the memo holds it
 
     def fresh(self) -> DraftModelProposer:
         """Another sequence's proposer on the same draft model and output head, with its own cache."""
         other = copy.copy(self)
-        other.cache, other.cached_ids = None, []
+        other.cache, other.cached_ids, other.unremembered = None, [], None
         return other
 
     def start(self, prompt_ids: list[int], capacity: int) -> None:
         self.cache = self.model.new_cache(capacity, self.num_layers)
-        self.cached_ids = []
+        reused = self.prompt_memo.restore(prompt_ids, self.cache)
+        self.cached_ids = list(prompt_ids[:reused])
+        self.unremembered = list(prompt_ids)
 
     def _feed(self, tokens: list[int]) -> torch.Tensor:
         """Run `tokens` after the cached ones; logits of the last, [1, vocab]."""
@@ -104,7 +145,12 @@ class DraftModelProposer(Proposer):
             keep += 1
         self.cache.truncate(keep)
         del self.cached_ids[keep:]
-        return self._feed(context[keep:])
+        logits = self._feed(context[keep:])
+        prompt = self.unremembered
+        if prompt is not None and self.cached_ids[: len(prompt)] == prompt:  # the whole prompt is cached now
+            self.prompt_memo.remember(prompt, self.cache)
+            self.unremembered = None
+        return logits
 
     def _token(self, index: int) -> int:
         """A head column's token id (an index into the token map when there is one)."""
