@@ -717,8 +717,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("w8a8_matmul", &w8a8_matmul, "fp32 x (int8 per row) @ int8 weights (AVX-512 VNNI), row-invariant",
         py::call_guard<py::gil_scoped_release>());
   m.def("w8a8_available", &w8a8_available, "whether w8a8_matmul was compiled (AVX-512 VNNI)");
-  m.def("gguf_pack", &gguf_pack, "repack a GGUF tensor's rows (raw bytes) for gguf_matmul",
+  m.def("gguf_pack", &gguf_pack, "repack a GGUF tensor's rows (raw bytes) for gguf_matmul, into `out` if not empty",
         py::call_guard<py::gil_scoped_release>());
+  m.def("gguf_packed_bytes", &gguf_packed_bytes, "bytes of a repacked tensor of `rows` rows of `row_bytes` file bytes");
+  m.def("huge_page_buffer", &huge_page_buffer, "a uint8 tensor whose 2 MB-aligned interior is advised onto huge pages");
   m.def("gguf_to_q4_0", &gguf_to_q4_0, "a GGUF tensor's rows (raw bytes) re-quantized to Q4_0 (raw bytes)",
         py::call_guard<py::gil_scoped_release>());
   m.def("gguf_unpack_rows", &gguf_unpack_rows, "dequantize rows of a repacked GGUF tensor to fp32",

@@ -62,24 +62,39 @@ Geometry geometry(int64_t type) {
   }
 }
 
-// A byte tensor for `out_blocks` packed output blocks of `block_bytes` each, whose memory the kernel is
-// asked to back with 2 MB pages (Linux, THP in madvise mode): streaming a model's weights through 4 kB
-// pages costs a TLB miss every 4 kB. Packing writes every byte of a full output block, so only the last
-// one is zeroed, for its padding outputs (a pass over the whole model's memory is time at load).
-at::Tensor packed_buffer(int64_t out_blocks, int64_t block_bytes, const at::TensorOptions& options) {
-  const int64_t bytes = out_blocks * block_bytes;
-  auto t = at::empty({bytes}, options);
+}  // namespace
+
+// A byte tensor whose memory the kernel is asked to back with 2 MB pages (Linux, THP in madvise mode):
+// streaming a model's weights through 4 kB pages costs a TLB miss every 4 kB, and loading them a page
+// fault every 4 kB. Only the 2 MB-aligned interior can be huge pages; a loader that bump-allocates its
+// tensors from a few large buffers (speclm/models/gguf_weights.py: PackArena) puts nearly all of them there.
+at::Tensor huge_page_buffer(int64_t bytes) {
+  auto t = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
 #if defined(__linux__)
   const uintptr_t huge = 2u << 20, p = reinterpret_cast<uintptr_t>(t.data_ptr());
   const uintptr_t start = (p + huge - 1) & ~(huge - 1), end = (p + static_cast<uintptr_t>(bytes)) & ~(huge - 1);
   if (end > start) madvise(reinterpret_cast<void*>(start), end - start, MADV_HUGEPAGE);
 #endif
-  if (out_blocks > 0) std::memset(t.data_ptr<uint8_t>() + bytes - block_bytes, 0, block_bytes);
   return t;
 }
 
+namespace {
+
 int64_t unit_bytes(int bits) { return bits == 8 ? 512 : bits == 6 ? 384 : bits == 5 ? 320 : 256; }
 int64_t record_bytes(const Geometry& g) { return g.param_bytes + g.block_weights / 32 * unit_bytes(g.bits); }
+
+// Packing writes every byte of a full output block, so only the last one is zeroed, for its padding
+// outputs (a pass over the whole model's memory is time at load).
+void zero_last_block(at::Tensor& packed, int64_t block_bytes) {
+  const int64_t bytes = packed.numel();
+  if (bytes > 0) std::memset(packed.data_ptr<uint8_t>() + bytes - block_bytes, 0, block_bytes);
+}
+
+at::Tensor packed_buffer(int64_t out_blocks, int64_t block_bytes) {
+  auto t = huge_page_buffer(out_blocks * block_bytes);
+  zero_last_block(t, block_bytes);
+  return t;
+}
 
 float fp16_to_float(uint16_t h) {
   const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
@@ -317,8 +332,29 @@ __attribute__((optimize("fp-contract=off"))) void decoded_weights(int64_t type, 
 }
 
 // 32 weights as one Q4_0 block (18 bytes), rounded as llama.cpp's reference quantizer (and the gguf
-// package): d = the weight of largest magnitude / -8 (fp16), codes clamp(trunc(w / d + 8.5), 0, 15).
+// package): d = the weight of largest magnitude (the first such) / -8 (fp16), codes
+// clamp(trunc(w / d + 8.5), 0, 15), the product and the sum rounded apart (no fused multiply-add).
 __attribute__((optimize("fp-contract=off"))) void quantize_q4_0_block(const float* w, uint8_t* out) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
+  const __m512 a0 = _mm512_abs_ps(w0), a1 = _mm512_abs_ps(w1);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+  const uint32_t hits = static_cast<uint32_t>(_mm512_cmp_ps_mask(a0, _mm512_set1_ps(amax), _CMP_EQ_OQ)) |
+                        (static_cast<uint32_t>(_mm512_cmp_ps_mask(a1, _mm512_set1_ps(amax), _CMP_EQ_OQ)) << 16);
+  const float big = amax > 0.0f ? w[__builtin_ctz(hits)] : 0.0f;  // (all zero: +0, as the scalar loop)
+  const float d = big / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+  const c10::Half h(d);
+  std::memcpy(out, &h.x, 2);
+  const __m512 vid = _mm512_set1_ps(id), half = _mm512_set1_ps(8.5f), top = _mm512_set1_ps(15.0f);
+  constexpr int kTrunc = _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC;
+  // (mul then add as two instructions: the compiler may not fuse intrinsics it is handed apart here)
+  const __m512 s0 = _mm512_add_round_ps(_mm512_mul_round_ps(w0, vid, _MM_FROUND_CUR_DIRECTION), half, _MM_FROUND_CUR_DIRECTION);
+  const __m512 s1 = _mm512_add_round_ps(_mm512_mul_round_ps(w1, vid, _MM_FROUND_CUR_DIRECTION), half, _MM_FROUND_CUR_DIRECTION);
+  const __m512i q0 = _mm512_cvttps_epi32(_mm512_min_ps(top, _mm512_roundscale_ps(s0, kTrunc)));
+  const __m512i q1 = _mm512_cvttps_epi32(_mm512_min_ps(top, _mm512_roundscale_ps(s1, kTrunc)));
+  const __m128i lo = _mm512_cvtepi32_epi8(q0), hi = _mm512_cvtepi32_epi8(q1);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2), _mm_or_si128(lo, _mm_slli_epi16(hi, 4)));
+#else
   float big = 0.0f, amax = 0.0f;
   for (int k = 0; k < 32; ++k)
     if (std::fabs(w[k]) > amax) {
@@ -331,19 +367,28 @@ __attribute__((optimize("fp-contract=off"))) void quantize_q4_0_block(const floa
   uint8_t q[32];
   for (int k = 0; k < 32; ++k) q[k] = static_cast<uint8_t>(std::min(15.0f, std::trunc(w[k] * id + 8.5f)));
   for (int j = 0; j < 16; ++j) out[2 + j] = static_cast<uint8_t>(q[j] | (q[j + 16] << 4));
+#endif
 }
 
 }  // namespace
 
 // raw [N, row_bytes] uint8 of a GGUF type -> its weights re-quantized to Q4_0, [N, inputs / 32 * 18] uint8
 // (a draft's coarser layers, converted straight from the file's bytes: no float copy of the tensor).
-at::Tensor gguf_to_q4_0(const at::Tensor& raw, int64_t type) {
+// `scratch` (optional): a uint8 buffer of at least that many bytes to write into (a loader reuses one).
+at::Tensor gguf_to_q4_0(const at::Tensor& raw, int64_t type, const at::Tensor& scratch) {
   const Geometry g = geometry(type);
   TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == at::kByte && raw.is_contiguous(), "gguf_to_q4_0: raw [N, row_bytes] uint8");
   const int64_t n = raw.size(0), row_bytes = raw.size(1);
   TORCH_CHECK(row_bytes % g.block_bytes == 0, "gguf_to_q4_0: row bytes not a whole number of blocks");
   const int64_t blocks = row_bytes / g.block_bytes, out_row = blocks * g.block_weights / 32 * 18;
-  auto out = at::empty({n, out_row}, raw.options());
+  at::Tensor out;
+  if (scratch.numel() == 0) {
+    out = at::empty({n, out_row}, raw.options());
+  } else {
+    TORCH_CHECK(scratch.scalar_type() == at::kByte && scratch.is_contiguous() && scratch.numel() >= n * out_row,
+                "gguf_to_q4_0: scratch must be contiguous uint8 of at least the output's bytes");
+    out = scratch.narrow(0, 0, n * out_row).view({n, out_row});
+  }
   const uint8_t* src = raw.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
@@ -429,8 +474,15 @@ void quantize_q8_k(const float* x, int64_t k, QuantizedRow& r) {
 
 // raw [N, row_bytes] uint8 (a GGUF tensor's bytes, one row per output) -> the repacked tensor, its output
 // count padded to 16 (padding outputs are zero). `order` (int64 [N], optional): packed row i is raw row
-// order[i] (llama.cpp's rotary row order becomes the half-split one at no cost).
-at::Tensor gguf_pack(const at::Tensor& raw, int64_t type, const at::Tensor& order) {
+// order[i] (llama.cpp's rotary row order becomes the half-split one at no cost). `out` (optional): the
+// uint8 tensor to pack into, of exactly gguf_packed_bytes bytes (a view of a loader's PackArena).
+int64_t gguf_packed_bytes(int64_t type, int64_t rows, int64_t row_bytes) {
+  const Geometry g = geometry(type);
+  TORCH_CHECK(row_bytes % g.block_bytes == 0, "gguf_packed_bytes: row bytes not a whole number of blocks");
+  return (rows + 15) / 16 * (row_bytes / g.block_bytes) * record_bytes(g);
+}
+
+at::Tensor gguf_pack(const at::Tensor& raw, int64_t type, const at::Tensor& order, const at::Tensor& out) {
   const Geometry g = geometry(type);
   TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == at::kByte && raw.is_contiguous(), "gguf_pack: raw [N, row_bytes] uint8");
   const int64_t n = raw.size(0), row_bytes = raw.size(1);
@@ -442,7 +494,14 @@ at::Tensor gguf_pack(const at::Tensor& raw, int64_t type, const at::Tensor& orde
     order_c = order.to(at::kLong).contiguous();
     TORCH_CHECK(order_c.numel() == n, "gguf_pack: one source row per output");
   }
-  auto packed = packed_buffer(out_blocks, blocks * rb, raw.options());
+  at::Tensor packed = out;
+  if (out.numel() == 0) {
+    packed = packed_buffer(out_blocks, blocks * rb);
+  } else {
+    TORCH_CHECK(out.scalar_type() == at::kByte && out.is_contiguous() && out.numel() == out_blocks * blocks * rb,
+                "gguf_pack: out must be contiguous uint8 of gguf_packed_bytes bytes");
+    zero_last_block(packed, blocks * rb);
+  }
   const uint8_t* src = raw.data_ptr<uint8_t>();
   uint8_t* dst = packed.data_ptr<uint8_t>();
   const int64_t* idx = ordered ? order_c.data_ptr<int64_t>() : nullptr;
@@ -496,7 +555,7 @@ at::Tensor gguf_select_rows(const at::Tensor& packed, int64_t type, int64_t k_in
   const int64_t src_blocks = packed.numel() / (blocks * rb), out_blocks = (count + 15) / 16;
   const int64_t* r = rows_c.data_ptr<int64_t>();
   for (int64_t i = 0; i < count; ++i) TORCH_CHECK(r[i] >= 0 && r[i] < src_blocks * 16, "gguf_select_rows: row out of range");
-  auto out = packed_buffer(out_blocks, blocks * rb, packed.options());
+  auto out = packed_buffer(out_blocks, blocks * rb);
   const uint8_t* src = packed.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   at::parallel_for(0, out_blocks, 1, [&](int64_t begin, int64_t end) {

@@ -4,6 +4,7 @@ kept on their own grids (the `auto` format)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import warnings
 
@@ -23,6 +24,7 @@ from speclm.models.gguf_weights import (
     NATIVE_TYPES,
     GGUFEmbedding,
     GGUFLinear,
+    PackArena,
     Segment,
     native_kernels,
     quantized_segment,
@@ -58,7 +60,9 @@ def build_model(
         source = NativeSource(checkpoint, to_q4_0=fmt.name == "q4_0")
     else:
         source = FloatSource(checkpoint, fmt, dtype, device)
-    with single_threaded():
+    # The float path is many small torch ops, which one thread runs best on a busy machine; the native
+    # path's time is a few large repacking calls, which split over the threads.
+    with single_threaded() if isinstance(source, FloatSource) else contextlib.nullcontext():
         model = _build(checkpoint, source, dtype, device)
     trim_freed_memory()
     model.weight_format = fmt
@@ -108,6 +112,8 @@ class NativeSource:
         self.to_q4_0 = to_q4_0
         self.floats = FloatSource(checkpoint, WeightFormat("fp32"), torch.float32, "cpu")
         self._scratch = torch.empty(0, dtype=torch.uint8)  # file bytes of the tensor being repacked
+        self._converted = torch.empty(0, dtype=torch.uint8)  # its bytes as Q4_0 (to_q4_0)
+        self.arena = PackArena()
 
     def tensor(self, name: str) -> torch.Tensor:
         return self.t[name]
@@ -118,11 +124,14 @@ class NativeSource:
             return quantized_segment(self.t[name], "Q4_0") if to_q4_0 else self.t[name]
         size = self.t.byte_size(name)
         if self._scratch.numel() < size:
-            self._scratch = torch.empty(size, dtype=torch.uint8)
+            self._scratch = native_kernels().huge_page_buffer(size)  # (2 MB pages: fewer faults filling it)
         raw = self.t.raw(name, self._scratch)
         if to_q4_0 and type_name != "Q4_0":
-            raw, type_name = native_kernels().gguf_to_q4_0(raw, NATIVE_TYPES[type_name]), "Q4_0"
-        return Segment.from_raw(type_name, raw, self.t.rotary_row_order(name))
+            if self._converted.numel() < size:  # (Q4_0 takes no more bytes than any type converted to it)
+                self._converted = native_kernels().huge_page_buffer(size)
+            raw = native_kernels().gguf_to_q4_0(raw, NATIVE_TYPES[type_name], self._converted)
+            type_name = "Q4_0"
+        return Segment.from_raw(type_name, raw, self.t.rotary_row_order(name), self.arena)
 
     def linear(self, names: list[str], bias: torch.Tensor | None, head: bool = False) -> nn.Module:
         in_features = self.t.shape_of(names[0])[1]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from speclm.models.gguf_weights import NATIVE_TYPES, GGUFLinear, Segment, native_kernels
+from speclm.models.gguf_weights import NATIVE_TYPES, GGUFLinear, PackArena, Segment, native_kernels
 
 T = gguf.GGMLQuantizationType
 pytestmark = pytest.mark.skipif(native_kernels() is None, reason="no AVX-512 VNNI kernels here")
@@ -59,6 +59,22 @@ def test_native_type_equals_the_gguf_package_and_is_row_invariant(kind):
     np.testing.assert_allclose(y.numpy(), exact, rtol=2e-6, atol=2e-6 * np.abs(exact).max())
     alone = torch.cat([layer(x[i : i + 1]) for i in range(9)])
     assert torch.equal(y, alone)
+
+
+def test_tensors_packed_into_an_arena_equal_a_buffer_of_their_own():
+    """A loader's PackArena hands out views of shared buffers (dirty memory, rows not a multiple of 16,
+    tensors spilling into a new buffer): the bytes equal a fresh buffer's and no tensor overwrites another."""
+    rng = np.random.default_rng(3)
+    raws = [torch.from_numpy(np.ascontiguousarray(raw_tensor(k, 37, 512, rng))) for k in ("Q4_K", "Q6_K", "Q8_0") * 2]
+    arena = PackArena()
+    arena.BUFFER_BYTES = 40_000  # (a few tensors per buffer)
+    arena.take(arena.BUFFER_BYTES).fill_(0xAB)  # what a buffer held before does not leak into padding outputs
+    arena.used = 0
+    kinds = ("Q4_K", "Q6_K", "Q8_0") * 2
+    shared = [Segment.from_raw(k, raw, arena=arena) for k, raw in zip(kinds, raws)]
+    assert len({s.packed.untyped_storage().data_ptr() for s in shared}) > 1  # more than one buffer used
+    for k, raw, segment in zip(kinds, raws, shared):
+        assert torch.equal(segment.packed, Segment.from_raw(k, raw).packed)
 
 
 def test_prefetch_distance_changes_no_result():
@@ -112,5 +128,9 @@ def test_requantizing_to_q4_0_equals_the_gguf_package(kind):
     raw = raw_tensor(kind, rows, cols, rng)
     weights = gguf.quants.dequantize(raw, T[kind]).reshape(rows, cols)
     expected = gguf.quants.quantize(weights.astype(np.float32), T.Q4_0)
-    ours = native_kernels().gguf_to_q4_0(torch.from_numpy(np.ascontiguousarray(raw)), NATIVE_TYPES[kind])
+    raw = torch.from_numpy(np.ascontiguousarray(raw))
+    ours = native_kernels().gguf_to_q4_0(raw, NATIVE_TYPES[kind], torch.empty(0, dtype=torch.uint8))
     assert np.array_equal(ours.numpy(), expected)
+    scratch = torch.full((expected.nbytes + 100,), 7, dtype=torch.uint8)  # a loader's reused buffer
+    into = native_kernels().gguf_to_q4_0(raw, NATIVE_TYPES[kind], scratch)
+    assert np.array_equal(into.numpy(), expected) and into.data_ptr() == scratch.data_ptr()
