@@ -473,44 +473,48 @@ void quantize_q8_k(const float* x, int64_t k, QuantizedRow& r) {
 }  // namespace
 
 // raw [N, row_bytes] uint8 (a GGUF tensor's bytes, one row per output) -> the repacked tensor, its output
-// count padded to 16 (padding outputs are zero). `order` (int64 [N], optional): packed row i is raw row
+// count padded to 16 (padding outputs are zero). `order` (int64, optional): packed row i is raw row
 // order[i] (llama.cpp's rotary row order becomes the half-split one at no cost). `out` (optional): the
-// uint8 tensor to pack into, of exactly gguf_packed_bytes bytes (a view of a loader's PackArena).
+// uint8 tensor to pack into (a view of a loader's PackArena), of gguf_packed_bytes bytes for the whole
+// tensor; the rows of `raw` then become its outputs from `first_row` (a multiple of 16) on, so a large
+// tensor can be read and packed a slice at a time (without `order`).
 int64_t gguf_packed_bytes(int64_t type, int64_t rows, int64_t row_bytes) {
   const Geometry g = geometry(type);
   TORCH_CHECK(row_bytes % g.block_bytes == 0, "gguf_packed_bytes: row bytes not a whole number of blocks");
   return (rows + 15) / 16 * (row_bytes / g.block_bytes) * record_bytes(g);
 }
 
-at::Tensor gguf_pack(const at::Tensor& raw, int64_t type, const at::Tensor& order, const at::Tensor& out) {
+at::Tensor gguf_pack(const at::Tensor& raw, int64_t type, const at::Tensor& order, const at::Tensor& out, int64_t first_row) {
   const Geometry g = geometry(type);
   TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == at::kByte && raw.is_contiguous(), "gguf_pack: raw [N, row_bytes] uint8");
   const int64_t n = raw.size(0), row_bytes = raw.size(1);
   TORCH_CHECK(row_bytes % g.block_bytes == 0, "gguf_pack: row bytes not a whole number of blocks");
-  const int64_t blocks = row_bytes / g.block_bytes, out_blocks = (n + 15) / 16, rb = record_bytes(g);
   const bool ordered = order.numel() > 0;
   at::Tensor order_c;
-  if (ordered) {
-    order_c = order.to(at::kLong).contiguous();
-    TORCH_CHECK(order_c.numel() == n, "gguf_pack: one source row per output");
-  }
+  if (ordered) order_c = order.to(at::kLong).contiguous();
+  TORCH_CHECK(!ordered || order_c.numel() == n, "gguf_pack: one source row per output");
+  const int64_t blocks = row_bytes / g.block_bytes, out_blocks = (n + 15) / 16, rb = record_bytes(g);
+  const int64_t* idx = ordered ? order_c.data_ptr<int64_t>() : nullptr;
+  for (int64_t i = 0; idx && i < n; ++i) TORCH_CHECK(idx[i] >= 0 && idx[i] < n, "gguf_pack: order out of range");
+  TORCH_CHECK(first_row >= 0 && first_row % 16 == 0 && (first_row == 0 || (out.numel() > 0 && !ordered)),
+              "gguf_pack: first_row must be a multiple of 16, into `out`, without `order`");
   at::Tensor packed = out;
   if (out.numel() == 0) {
     packed = packed_buffer(out_blocks, blocks * rb);
   } else {
-    TORCH_CHECK(out.scalar_type() == at::kByte && out.is_contiguous() && out.numel() == out_blocks * blocks * rb,
-                "gguf_pack: out must be contiguous uint8 of gguf_packed_bytes bytes");
-    zero_last_block(packed, blocks * rb);
+    TORCH_CHECK(out.scalar_type() == at::kByte && out.is_contiguous() && out.numel() % (blocks * rb) == 0 &&
+                    out.numel() >= (first_row / 16 + out_blocks) * blocks * rb,
+                "gguf_pack: out must be contiguous uint8 of gguf_packed_bytes bytes for the whole tensor");
   }
+  uint8_t* dst = packed.data_ptr<uint8_t>() + first_row / 16 * blocks * rb;
+  if (n % 16 != 0)  // the padding outputs of the last block: written nowhere else
+    std::memset(dst + (out_blocks - 1) * blocks * rb, 0, blocks * rb);
   const uint8_t* src = raw.data_ptr<uint8_t>();
-  uint8_t* dst = packed.data_ptr<uint8_t>();
-  const int64_t* idx = ordered ? order_c.data_ptr<int64_t>() : nullptr;
   at::parallel_for(0, out_blocks, 1, [&](int64_t begin, int64_t end) {
     Decoded dec;
     for (int64_t ob = begin; ob < end; ++ob) {
       for (int l = 0; l < 16 && ob * 16 + l < n; ++l) {
         const int64_t row = idx ? idx[ob * 16 + l] : ob * 16 + l;
-        TORCH_CHECK(row >= 0 && row < n, "gguf_pack: order out of range");
         for (int64_t b = 0; b < blocks; ++b) {
           decode_block(type, src + row * row_bytes + b * g.block_bytes, dec);
           pack_block(g, type, dec, l, dst + (ob * blocks + b) * rb);

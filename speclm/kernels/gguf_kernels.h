@@ -6,7 +6,7 @@
 
 at::Tensor huge_page_buffer(int64_t bytes);
 int64_t gguf_packed_bytes(int64_t type, int64_t rows, int64_t row_bytes);
-at::Tensor gguf_pack(const at::Tensor& raw, int64_t type, const at::Tensor& order, const at::Tensor& out);
+at::Tensor gguf_pack(const at::Tensor& raw, int64_t type, const at::Tensor& order, const at::Tensor& out, int64_t first_row);
 at::Tensor gguf_to_q4_0(const at::Tensor& raw, int64_t type, const at::Tensor& scratch);
 at::Tensor gguf_unpack_rows(const at::Tensor& packed, int64_t type, int64_t k_in, const at::Tensor& rows);
 at::Tensor gguf_matmul(const at::Tensor& x, const std::vector<at::Tensor>& packed, const std::vector<int64_t>& types,

@@ -22,6 +22,8 @@ from speclm.models.checkpoint import (
 )
 from speclm.models.gguf_weights import (
     NATIVE_TYPES,
+    NO_BYTES,
+    NO_ORDER,
     GGUFEmbedding,
     GGUFLinear,
     PackArena,
@@ -39,10 +41,15 @@ def build_model(
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
     weights: str | WeightFormat | None = None,
+    head_rows: torch.Tensor | None = None,
 ) -> LlamaModel:
     """Instantiate the decoder from the checkpoint, fusing QKV and gate/up, with its linear layers in
     the runtime format `weights`: fp32 (the default here) | bf16 | int8 | int4[:GROUP] | auto (a GGUF
     file's own types where speclm's kernels run them; fp32 for anything else).
+
+    `head_rows` (token ids; a draft's token map): where the head is a GGUF tensor of its own, only those
+    rows are loaded, and `model.head_rows` says so (its logits' column j is token head_rows[j]); else
+    the head is whole and `model.head_rows` is None.
 
     Layers are built one at a time, so at most one layer's float weights exist beside the model.
     """
@@ -57,7 +64,8 @@ def build_model(
         raise ValueError(f"--weights {fmt.label} runs on the CPU with fp32 activations; got {dtype} on {device}")
     return_big_frees_to_os()
     if native and fmt.name in ("auto", "q4_0"):
-        source = NativeSource(checkpoint, to_q4_0=fmt.name == "q4_0")
+        subset = head_rows if not checkpoint.config.tie_word_embeddings else None
+        source = NativeSource(checkpoint, to_q4_0=fmt.name == "q4_0", head_rows=subset)
     else:
         source = FloatSource(checkpoint, fmt, dtype, device)
     # The float path is many small torch ops, which one thread runs best on a busy machine; the native
@@ -66,6 +74,7 @@ def build_model(
         model = _build(checkpoint, source, dtype, device)
     trim_freed_memory()
     model.weight_format = fmt
+    model.head_rows = source.head_rows if isinstance(source, NativeSource) else None
     return model.eval()
 
 
@@ -101,15 +110,19 @@ class FloatSource:
         return make_linear(embedding.weight, None, head_format(self.fmt))
 
 
+SLICE_BYTES = 16 << 20  # file bytes read and repacked at a time
+
+
 class NativeSource:
     """Layers on a GGUF file's own grids, repacked tensor by tensor from the file's bytes (no float copy
     of the model); tensors of other types (F32, F16, ...) become fp32 layers. With `to_q4_0` the decoder
     layers' linear tensors are re-quantized to Q4_0 (a draft's coarser weights) straight from the file's
     bytes; the embedding and the output head keep their types."""
 
-    def __init__(self, checkpoint: Checkpoint, to_q4_0: bool = False) -> None:
+    def __init__(self, checkpoint: Checkpoint, to_q4_0: bool = False, head_rows: torch.Tensor | None = None) -> None:
         self.t = checkpoint.tensors  # speclm.models.gguf_loader.LazyTensors
         self.to_q4_0 = to_q4_0
+        self.head_rows = head_rows  # the head's rows to load (None: all)
         self.floats = FloatSource(checkpoint, WeightFormat("fp32"), torch.float32, "cpu")
         self._scratch = torch.empty(0, dtype=torch.uint8)  # file bytes of the tensor being repacked
         self._converted = torch.empty(0, dtype=torch.uint8)  # its bytes as Q4_0 (to_q4_0)
@@ -118,25 +131,53 @@ class NativeSource:
     def tensor(self, name: str) -> torch.Tensor:
         return self.t[name]
 
-    def _part(self, name: str, to_q4_0: bool = False) -> Segment | torch.Tensor:
+    def _part(self, name: str, to_q4_0: bool = False, order: torch.Tensor | None = None) -> Segment | torch.Tensor:
+        """One tensor repacked; with `order`, output i is the file's row order[i] (else its rotary order)."""
         type_name = self.t.type_name(name)
         if type_name not in NATIVE_TYPES:
+            if order is not None:  # (a float head: whole; the proposer selects its rows)
+                self.head_rows = None
             return quantized_segment(self.t[name], "Q4_0") if to_q4_0 else self.t[name]
-        size = self.t.byte_size(name)
-        if self._scratch.numel() < size:
-            self._scratch = native_kernels().huge_page_buffer(size)  # (2 MB pages: fewer faults filling it)
-        raw = self.t.raw(name, self._scratch)
-        if to_q4_0 and type_name != "Q4_0":
-            if self._converted.numel() < size:  # (Q4_0 takes no more bytes than any type converted to it)
-                self._converted = native_kernels().huge_page_buffer(size)
-            raw = native_kernels().gguf_to_q4_0(raw, NATIVE_TYPES[type_name], self._converted)
-            type_name = "Q4_0"
-        return Segment.from_raw(type_name, raw, self.t.rotary_row_order(name), self.arena)
+        kernels, rows = native_kernels(), self.t.rows_of(name)
+        row_bytes = self.t.byte_size(name) // rows
+        # Rows are read a slice at a time, so the scratch stays small: fresh memory is costly to touch
+        # (a page fault per page), and a large tensor (an embedding, a head) would need that much more.
+        step = max(16, SLICE_BYTES // row_bytes // 16 * 16)
+        if order is not None and len(order) < rows:  # some rows (a draft's head): gathered slice by slice
+            selected = torch.empty(len(order), row_bytes, dtype=torch.uint8)
+            for first in range(0, rows, step):
+                raw = self._read(name, first, min(rows, first + step), row_bytes)
+                hit = ((order >= first) & (order < first + len(raw))).nonzero().flatten()
+                selected[hit] = raw[order[hit] - first]
+            return Segment.from_raw(type_name, selected, None, self.arena)
+        order = order if order is not None else self.t.rotary_row_order(name)
+        if order is not None:  # a permutation (the rotary rows of q and k): read whole
+            step = rows
+        out_type, out = "Q4_0" if to_q4_0 else type_name, NO_BYTES
+        for first in range(0, rows, step):
+            raw = self._read(name, first, min(rows, first + step), row_bytes)
+            if out_type != type_name:
+                if self._converted.numel() < raw.numel():  # (Q4_0 takes no more bytes than any type converted to it)
+                    self._converted = kernels.huge_page_buffer(raw.numel())
+                raw = kernels.gguf_to_q4_0(raw, NATIVE_TYPES[type_name], self._converted)
+            if step >= rows:  # one slice: the whole tensor
+                return Segment.from_raw(out_type, raw, order, self.arena)
+            if first == 0:
+                out = self.arena.take(kernels.gguf_packed_bytes(NATIVE_TYPES[out_type], rows, raw.shape[1]))
+            kernels.gguf_pack(raw, NATIVE_TYPES[out_type], NO_ORDER, out, first)
+        return Segment(out_type, out, rows)
+
+    def _read(self, name: str, first: int, end: int, row_bytes: int) -> torch.Tensor:
+        """The file's rows [first, end) of a tensor, in the reused scratch."""
+        if self._scratch.numel() < (end - first) * row_bytes:
+            self._scratch = native_kernels().huge_page_buffer((end - first) * row_bytes)
+        return self.t.raw(name, self._scratch, (first, end))
 
     def linear(self, names: list[str], bias: torch.Tensor | None, head: bool = False) -> nn.Module:
         in_features = self.t.shape_of(names[0])[1]
         to_q4_0 = self.to_q4_0 and not head and in_features % 32 == 0  # (Q4_0 blocks are 32 inputs wide)
-        parts = [self._part(n, to_q4_0) for n in names]
+        order = self.head_rows if head else None
+        parts = [self._part(n, to_q4_0, order) for n in names]
         if all(isinstance(p, Segment) for p in parts):
             return GGUFLinear(parts, in_features, bias)
         # A fused layer with a float part: the whole layer in fp32 (exactly the file's values).

@@ -135,11 +135,15 @@ class GGUFFile:
                 raise GGUFFormatError(f"tensor {name} does not fit the file (truncated?)")
             self.tensors.append(TensorInfo(name, kind.name, dims, data_start + offset, n_bytes))
 
-    def read(self, tensor: TensorInfo, out=None) -> bytearray | memoryview:
-        """The tensor's bytes, read from the file into `out` (a writable buffer of n_bytes) or a new bytearray."""
-        buffer = out if out is not None else bytearray(tensor.n_bytes)
+    def read(self, tensor: TensorInfo, out=None, start: int = 0, length: int | None = None) -> bytearray | memoryview:
+        """The tensor's bytes [start, start + length) (default: all of them), read from the file into `out`
+        (a writable buffer of that many bytes) or a new bytearray."""
+        length = tensor.n_bytes - start if length is None else length
+        if start < 0 or start + length > tensor.n_bytes:
+            raise ValueError(f"bytes [{start}, {start + length}) of tensor {tensor.name} ({tensor.n_bytes} bytes)")
+        buffer = out if out is not None else bytearray(length)
         with open(self.path, "rb") as f:
-            f.seek(tensor.offset)
-            if f.readinto(buffer) != tensor.n_bytes:
+            f.seek(tensor.offset + start)
+            if f.readinto(buffer) != length:
                 raise GGUFFormatError(f"tensor {tensor.name} is truncated")
         return buffer

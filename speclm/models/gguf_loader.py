@@ -168,18 +168,25 @@ class LazyTensors(Mapping):
         """The GGUF type of a tensor (Q4_K, F32, ...)."""
         return self._tensors[name].type_name
 
-    def raw(self, name: str, scratch: torch.Tensor | None = None) -> torch.Tensor:
+    def raw(self, name: str, scratch: torch.Tensor | None = None, rows: tuple[int, int] | None = None) -> torch.Tensor:
         """A 2-d tensor's bytes as stored, [rows (outputs), row_bytes] uint8, read with a plain file read:
         nothing of the file stays mapped in memory once the caller has repacked them. With `scratch` (a
         uint8 tensor of at least that many bytes) they land there: a loader reusing one buffer for every
-        tensor touches fresh memory once, not once per tensor."""
+        tensor touches fresh memory once, not once per tensor. `rows` (first, end): only those rows."""
         t = self._tensors[name]
-        buffer = torch.empty(t.n_bytes, dtype=torch.uint8) if scratch is None else scratch[: t.n_bytes]
+        first, end = rows if rows is not None else (0, t.rows)
+        row_bytes = t.n_bytes // t.rows
+        n_bytes = (end - first) * row_bytes
+        buffer = torch.empty(n_bytes, dtype=torch.uint8) if scratch is None else scratch[:n_bytes]
         try:
-            self.file.read(t, memoryview(buffer.numpy()))
+            self.file.read(t, memoryview(buffer.numpy()), first * row_bytes, n_bytes)
         except GGUFFormatError as e:
             raise ModelLoadError(f"{self.path}: {e}") from e
-        return buffer.view(t.rows, -1)
+        return buffer.view(end - first, row_bytes)
+
+    def rows_of(self, name: str) -> int:
+        """A 2-d tensor's rows (outputs) in the file."""
+        return self._tensors[name].rows
 
     def rotary_row_order(self, name: str) -> torch.Tensor | None:
         """For llama GGUFs, the order taking q/k rows from llama.cpp's interleaved rotary layout to the

@@ -44,12 +44,14 @@ class Segment:
     def from_raw(
         cls, type_name: str, raw: torch.Tensor, order: torch.Tensor | None = None, arena: PackArena | None = None
     ) -> Segment:
-        """Repack a tensor's bytes (raw [out, row_bytes] uint8, as stored in the file); output i is raw
-        row order[i] when an order is given. With an arena the packed bytes are a view of its memory."""
+        """Repack a tensor's bytes (raw [rows, row_bytes] uint8, as stored in the file); output i is raw
+        row order[i] when an order is given (some or all rows). With an arena the packed bytes are a view
+        of its memory."""
         kernels, type_id = native_kernels(), NATIVE_TYPES[type_name]
-        out = NO_BYTES if arena is None else arena.take(kernels.gguf_packed_bytes(type_id, *raw.shape))
-        packed = kernels.gguf_pack(raw, type_id, NO_ORDER if order is None else order, out)
-        return cls(type_name, packed, raw.shape[0])
+        rows = raw.shape[0] if order is None else len(order)
+        out = NO_BYTES if arena is None else arena.take(kernels.gguf_packed_bytes(type_id, rows, raw.shape[1]))
+        packed = kernels.gguf_pack(raw, type_id, NO_ORDER if order is None else order, out, 0)
+        return cls(type_name, packed, rows)
 
 
 class PackArena:

@@ -96,7 +96,10 @@ class DraftModelProposer(Proposer):
         self.name = name
         self.token_map = token_map
         self.vocab_size = model.config.vocab_size
-        self.lm_head = draft_lm_head(model.lm_head, token_map)  # over the token map when there is one
+        if token_map is not None and model.head_rows is token_map:  # loaded with only the map's rows
+            self.lm_head = model.lm_head
+        else:  # over the token map when there is one
+            self.lm_head = draft_lm_head(model.lm_head, token_map)
         self.cache = None
         self.cached_ids: list[int] = []
         self.prompt_memo = PromptMemo()  # shared with every fresh() copy

@@ -65,15 +65,18 @@ def build_draft_proposer(spec: SpecConfig, target_vocab_size: int | None) -> Dra
     (None: checked elsewhere, as a deployment's target service does). The in-process factory and a
     deployment's draft service (speclm/deploy/) both build it here."""
     path, options = spec.draft_path_and_options()
-    draft = build_model(load_checkpoint(path), weights=options["weights"])
-    vocab = draft.config.vocab_size
+    checkpoint = load_checkpoint(path)
+    config = checkpoint.config
+    vocab = config.vocab_size
     if target_vocab_size is not None and vocab != target_vocab_size:
         raise ValueError(
             f"draft model {path} has vocabulary {vocab}, the target {target_vocab_size}; they must share a tokenizer"
         )
     token_map = load_token_map(path, vocab)
     if token_map is None and 0 < options["vocab"] < vocab:
-        token_map = frequent_tokens(options["vocab"], vocab, draft.config.eos_token_ids)
+        token_map = frequent_tokens(options["vocab"], vocab, config.eos_token_ids)
+    draft = build_model(checkpoint, weights=options["weights"], head_rows=token_map)  # (a head of its own: those rows)
+    del checkpoint
     if options["branch"]:
         return DraftTreeProposer(draft, options["branch"], name=spec.label, token_map=token_map)
     return DraftModelProposer(draft, name=spec.label, token_map=token_map)

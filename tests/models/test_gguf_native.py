@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from speclm.models.gguf_weights import NATIVE_TYPES, GGUFLinear, PackArena, Segment, native_kernels
+from speclm.models.gguf_weights import NATIVE_TYPES, NO_ORDER, GGUFLinear, PackArena, Segment, native_kernels
 
 T = gguf.GGMLQuantizationType
 pytestmark = pytest.mark.skipif(native_kernels() is None, reason="no AVX-512 VNNI kernels here")
@@ -75,6 +75,30 @@ def test_tensors_packed_into_an_arena_equal_a_buffer_of_their_own():
     assert len({s.packed.untyped_storage().data_ptr() for s in shared}) > 1  # more than one buffer used
     for k, raw, segment in zip(kinds, raws, shared):
         assert torch.equal(segment.packed, Segment.from_raw(k, raw).packed)
+
+
+def test_a_tensor_packed_a_slice_of_rows_at_a_time_equals_it_packed_whole():
+    """A loader reads a large tensor a slice of rows at a time and packs each at its first output
+    (a multiple of 16); the last slice's padding outputs are zeroed over dirty memory."""
+    rng = np.random.default_rng(5)
+    kernels = native_kernels()
+    for kind in ("Q4_K", "Q8_0"):
+        raw = torch.from_numpy(np.ascontiguousarray(raw_tensor(kind, 53, 512, rng)))
+        out = torch.full((kernels.gguf_packed_bytes(NATIVE_TYPES[kind], *raw.shape),), 0xAB, dtype=torch.uint8)
+        for first, end in ((0, 32), (32, 48), (48, 53)):
+            kernels.gguf_pack(raw[first:end].contiguous(), NATIVE_TYPES[kind], NO_ORDER, out, first)
+        assert torch.equal(out, Segment.from_raw(kind, raw).packed)
+
+
+def test_the_default_model_loaded_in_slices_equals_it_loaded_whole(monkeypatch):
+    from speclm.models import builder
+    from speclm.models.loader import load_checkpoint
+
+    whole = builder.build_model(load_checkpoint(None), weights="auto")  # the default model's GGUF file
+    monkeypatch.setattr(builder, "SLICE_BYTES", 1 << 16)  # every matrix in slices of rows
+    sliced = builder.build_model(load_checkpoint(None), weights="auto")
+    for (name, a), (_, b) in zip(whole.named_buffers(), sliced.named_buffers()):
+        assert torch.equal(a, b), name
 
 
 def test_prefetch_distance_changes_no_result():

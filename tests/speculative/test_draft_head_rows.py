@@ -1,0 +1,37 @@
+"""A draft model whose output head is a GGUF tensor of its own loads only its token map's rows."""
+
+import pytest
+import torch
+
+from speclm import SamplingParams
+from speclm.compress.gguf_export import export_gguf
+from speclm.models.builder import build_model
+from speclm.models.gguf_weights import native_kernels
+from speclm.models.loader import load_checkpoint
+from speclm.speculative.draft_model import DraftModelProposer
+from speclm.speculative.factory import frequent_tokens
+from tests.models.hf_tiny import tiny_hf_model
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.skipif(native_kernels() is None, reason="no AVX-512 VNNI kernels here")
+
+
+def test_a_draft_loaded_with_only_its_head_rows_proposes_as_the_whole_head(tmp_path):
+    tiny_hf_model(transformers.LlamaConfig).save_pretrained(tmp_path)  # an untied head
+    path = str(tmp_path / "draft-q8_0.gguf")
+    export_gguf(load_checkpoint(str(tmp_path)), None, path, "Q8_0")
+    vocab = load_checkpoint(path).config.vocab_size
+    token_map = frequent_tokens(vocab // 2, vocab, [vocab - 1])
+    subset = build_model(load_checkpoint(path), weights="auto", head_rows=token_map)
+    whole = build_model(load_checkpoint(path), weights="auto")
+    assert subset.head_rows is token_map and whole.head_rows is None
+    assert subset.lm_head.out_features == len(token_map) and whole.lm_head.out_features == vocab
+    drafts = [DraftModelProposer(m, token_map=token_map) for m in (subset, whole)]
+    assert drafts[0].lm_head is subset.lm_head  # not selected a second time
+    ids = list(range(5, 30))
+    proposals = []
+    for draft in drafts:
+        draft.start(ids, 64)
+        proposals.append(draft.propose(ids, 4, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0)))
+    assert proposals[0].tokens == proposals[1].tokens
+    assert torch.equal(proposals[0].probs, proposals[1].probs)
