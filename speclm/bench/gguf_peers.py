@@ -63,7 +63,7 @@ def prompts_for(tokenizer, count: int) -> list[dict]:
     ]
 
 
-LOAD_RUNS = 3  # process starts per engine for the load time (its median; the JSON keeps every start): one varies a lot
+LOAD_RUNS = 5  # process starts per engine for the load time (its median; the JSON keeps every start): one varies a lot
 
 
 def warm_page_cache(path: str) -> None:
