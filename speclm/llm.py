@@ -80,6 +80,7 @@ class LLM:
         other = object.__new__(LLM)
         other.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("engine", "spec", "_ids")})
         other._ids = itertools.count()
+        other.proposers = self.proposers.for_another_engine()
         other._set_spec(SpecConfig.parse(spec, num_speculative_tokens, adaptive) if isinstance(spec, str) else spec)
         return other
 

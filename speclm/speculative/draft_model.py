@@ -111,6 +111,11 @@ class DraftModelProposer(Proposer):
         other.cache, other.cached_ids, other.unremembered = None, [], None
         return other
 
+    def for_another_engine(self) -> DraftModelProposer:
+        other = self.fresh()
+        other.prompt_memo = PromptMemo()
+        return other
+
     def start(self, prompt_ids: list[int], capacity: int) -> None:
         self.cache = self.model.new_cache(capacity, self.num_layers)
         reused = self.prompt_memo.restore(prompt_ids, self.cache)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from speclm.config import HEAD_OPTIONS, SpecConfig
@@ -25,12 +27,24 @@ class ProposerFactory:
     def __init__(self, target: LlamaModel, weights: WeightFormat | str | None = None) -> None:
         self.target = target
         self.weights = WeightFormat.parse(weights)
-        self._templates: dict[str, Proposer] = {}
+        self._built: dict[str, Proposer] = {}  # shared with every for_another_engine() factory
+        self._templates: dict[str, Proposer] = {}  # this engine's
 
     def __call__(self, spec: SpecConfig) -> Proposer:
         if spec.label not in self._templates:
-            self._templates[spec.label] = self._build(spec)
+            if spec.label not in self._built:
+                self._built[spec.label] = self._build(spec)
+            self._templates[spec.label] = self._built[spec.label].for_another_engine()
         return self._templates[spec.label].fresh()
+
+    def for_another_engine(self) -> ProposerFactory:
+        """A factory for another engine (LLM.with_spec): the proposers loaded once for both, the state a
+        proposer keeps across sequences (a draft's prompt memo) of its own, as an engine's prefix cache is
+        its own. So what one engine's requests left there does not speed up another's (spec_bench runs
+        each method in an engine of its own, the same prompts one after another)."""
+        other = copy.copy(self)
+        other._templates = {}
+        return other
 
     def _build(self, spec: SpecConfig) -> Proposer:
         if spec.method == "ngram":

@@ -83,6 +83,11 @@ class Proposer:
         """A proposer for another sequence: shares this one's heavy parts, none of its per-sequence state."""
         return copy.copy(self)
 
+    def for_another_engine(self) -> Proposer:
+        """This proposer for another engine's sequences: the heavy parts shared, and none of the state it
+        keeps across one engine's sequences (a draft's prompt memo). Stateless proposers are themselves."""
+        return self
+
     def start(self, prompt_ids: list[int], capacity: int) -> None:
         """Reset per-sequence state for a new prompt; `capacity` bounds the sequence length."""
 

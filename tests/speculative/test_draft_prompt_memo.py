@@ -55,3 +55,13 @@ def test_the_memo_follows_the_latest_prompt_and_leaves_its_last_token_to_be_fed(
     fourth = first.fresh()
     fourth.start(b, 64)
     assert fourth.cache.length == len(b) - 1
+
+
+def test_engines_share_a_draft_model_but_each_keeps_its_own_memo(stories_llm):
+    """Sequences of one engine share the memo; another engine (LLM.with_spec) loads nothing again but
+    starts with an empty memo, as with its own prefix cache."""
+    one, other = (stories_llm.with_spec("layerskip:3", num_speculative_tokens=4) for _ in range(2))
+    a, b = one.proposers(one.spec), other.proposers(other.spec)
+    assert isinstance(a, DraftModelProposer) and a.model is b.model
+    assert a.prompt_memo is not b.prompt_memo
+    assert one.proposers(one.spec).prompt_memo is a.prompt_memo
