@@ -16,7 +16,7 @@ import sys
 import time
 
 from speclm.bench.machine import machine_info
-from speclm.bench.report import header_lines, write_json
+from speclm.bench.report import header_lines, write_report
 from speclm.kernels import cpu_kernels
 from speclm.models.attention import BatchEntry
 
@@ -133,13 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m speclm.bench.pass_cost " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     title = f"pass cost by prefetch distance and layers: {os.path.basename(args.model)}, --weights {args.weights}"
     title += f", context {args.context}"
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, args.name)
-    write_json(stem + ".json", {"command": command, "machine": machine, "records": records})
     table = markdown(records, title, command, machine)
-    with open(stem + ".md", "w") as f:
-        f.write(table)
-    print(table)
+    write_report(args.out, args.name, {"command": command, "machine": machine, "records": records}, table)
     return 0
 
 

@@ -96,6 +96,15 @@ def plot_speedups(path: str, summary: dict, methods: list[str], title: str) -> N
     plt.close(fig)
 
 
+def write_report(out_dir: str, name: str, payload: dict, table: str) -> None:
+    """NAME.json (payload) and NAME.md (table) under out_dir; the table is printed too."""
+    os.makedirs(out_dir, exist_ok=True)
+    write_json(os.path.join(out_dir, f"{name}.json"), payload)
+    with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
+        f.write(table)
+    print(table)
+
+
 def output_paths(out_dir: str, name: str) -> dict[str, str]:
     os.makedirs(out_dir, exist_ok=True)
     return {ext: os.path.join(out_dir, f"{name}.{ext}") for ext in ("json", "md", "png")}

@@ -124,7 +124,7 @@ def run_tree(llm, sizes: list[int], args) -> int:
     import sys
 
     from speclm.bench.machine import machine_info
-    from speclm.bench.report import write_json
+    from speclm.bench.report import write_report
 
     records = measure_tree_cost(llm.runner, sizes, args.context, args.rounds)
     machine = machine_info() | {"load_average_1min": round(os.getloadavg()[0], 2)}
@@ -133,11 +133,7 @@ def run_tree(llm, sizes: list[int], args) -> int:
         f"tree verification cost: {os.path.basename(llm.model_path)}, --weights {llm.weights.label}, "
         f"context {args.context}"
     )
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, args.name or "tree_cost")
-    write_json(stem + ".json", {"command": command, "machine": machine, "records": records})
     table = markdown(records, title, command, machine)
-    with open(stem + ".md", "w") as f:
-        f.write(table)
-    print(table)
+    payload = {"command": command, "machine": machine, "records": records}
+    write_report(args.out, args.name or "tree_cost", payload, table)
     return 0

@@ -3,7 +3,6 @@ OpenAI-schema answer and the engine keeps serving; a failing step fails only its
 engine loop is reported; abandoned requests stop; limits answer 413/429; a bounded schemathesis run."""
 
 import json
-import statistics
 import threading
 import time
 
@@ -183,11 +182,11 @@ def test_limits_answer_413_and_429(stories_llm):
 def test_a_huge_prompt_does_not_block_other_endpoints(server, monkeypatch):
     url, app = server
     tokenizer = app.state.service.tokenizer
-    encode = tokenizer.encode
+    too_long = [1] * (app.state.engine.engine.max_total_tokens + 1)
 
     def slow_encode(text):  # 2 s of tokenizing: on the event loop it would hold up every health check
         time.sleep(2.0)
-        return encode(text)
+        return too_long
 
     monkeypatch.setattr(tokenizer, "encode", slow_encode)
     body = {"prompt": "Once upon a time, there was a girl. " * 50_000}  # ~1.8 MB
@@ -201,9 +200,7 @@ def test_a_huge_prompt_does_not_block_other_endpoints(server, monkeypatch):
         latencies.append(time.perf_counter() - t0)
         time.sleep(0.05)
     assert result["r"].status_code == 400 and result["r"].json()["error"]["code"] == "context_length_exceeded"
-    # Judged on the median and a loose maximum: one check may land on the body's parsing or a busy
-    # moment of a shared machine, but a blocked loop would make a check wait the whole 2 s.
-    assert len(latencies) >= 5 and statistics.median(latencies) < 0.25 and max(latencies) < 1.5, latencies
+    assert len(latencies) >= 5 and max(latencies) < 0.5, latencies
 
 
 def test_openapi_document_promises_what_the_server_answers(server):
