@@ -1,6 +1,6 @@
 """speclm and llama.cpp on the same GGUF files, each engine in a fresh process of its own: peak
-memory, load to first token, greedy agreement (tokens matched before the first divergence, and the
-logit gap there in llama.cpp's logits) and decoding speed, prompts interleaved.
+memory, load to first token, greedy agreement (tokens matched before the first divergence, and there
+each engine's logit margin for its own token over the other's) and decoding speed, prompts interleaved.
 
 python -m speclm.bench.gguf_peers --llama-python PYTHON [--models default,target,pair] --out benchmarks/NAME
 
@@ -25,8 +25,8 @@ WORKER = str(Path(__file__).with_name("llama_worker.py"))
 class Worker:
     """An engine in its own process (speclm/bench/llama_worker.py's protocol); `spawned_at` for load timing."""
 
-    def __init__(self, command: list[str], threads: int) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    def __init__(self, command: list[str], threads: int, env: dict[str, str] | None = None) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", **(env or {})}
         self.spawned_at = time.time()
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         ready = json.loads(self.proc.stdout.readline() or "{}")
@@ -63,6 +63,7 @@ def prompts_for(tokenizer, count: int) -> list[dict]:
     ]
 
 
+NO_PACK_CACHE = "speclm, no pack cache"
 LOAD_RUNS = 5  # process starts per engine for the load time (its median; the JSON keeps every start): one varies a lot
 
 
@@ -84,21 +85,29 @@ def compare(
     speclm_cmd += [f"draft:{draft}"] if draft else []
     llama_cmd = [llama_python, WORKER, model, str(threads)] + ([draft] if draft else [])
     result, workers = {}, {}
-    loads: dict[str, list[float]] = {"speclm": [], "llama.cpp": []}
+    # speclm's loads map the packed weights its first load of the file wrote (speclm/models/pack_cache.py),
+    # as llama.cpp's map the file; "speclm, no pack cache" repacks the file on every start.
+    starts = (("speclm", speclm_cmd, None), (NO_PACK_CACHE, speclm_cmd, {"SPECLM_PACK_CACHE": "off"}))
+    starts += (("llama.cpp", llama_cmd, None),)
+    loads: dict[str, list[float]] = {name: [] for name, _, _ in starts}
     try:
+        Worker(speclm_cmd, threads).close()  # writes the pack cache entry if there is none
         # Load to first token: process start to the first generated token, one engine at a time (asking the
         # first engine only after the second had loaded counted the second's load in the first's), the
         # engines alternating LOAD_RUNS times; the median is reported and the last processes stay for the rest.
         for _ in range(LOAD_RUNS):
-            for name, command in (("speclm", speclm_cmd), ("llama.cpp", llama_cmd)):
+            for name, command, env in starts:
                 if name in workers:
                     workers.pop(name).close()
-                w = workers[name] = Worker(command, threads)
+                w = workers[name] = Worker(command, threads, env)
                 loads[name].append(
                     w.ask(job="generate", ids=prompts[0]["ids"], max_tokens=1)["first_token_at"] - w.spawned_at
                 )
         for name, seconds in loads.items():
             result[name] = {"load_to_first_token_s": statistics.median(seconds), "load_runs_s": seconds}
+        no_cache = workers.pop(NO_PACK_CACHE)  # (its peak memory after a load; it decodes as "speclm")
+        result[NO_PACK_CACHE]["peak_rss_mb"] = no_cache.ask(job="memory")["peak_rss_mb"]
+        no_cache.close()
         runs = {name: [] for name in workers}
         for p in prompts:  # interleaved: a drift in the machine's load hits both engines alike
             for name, w in workers.items():
@@ -114,9 +123,10 @@ def compare(
             a, b = ours["tokens"], theirs["tokens"]
             i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             row = {"id": p["id"], "category": p["category"], "matched": i}
-            if i < min(len(a), len(b)):  # the gap in llama.cpp's own logits: its choice minus ours
-                logits = workers["llama.cpp"].ask(job="logits", ids=p["ids"] + b[:i], candidates=[b[i], a[i]])["logits"]
-                row["logit_gap"] = logits[0] - logits[1]
+            if i < min(len(a), len(b)):  # each engine's margin for its own choice over the other's
+                for name, mine, other in (("llama.cpp", b[i], a[i]), ("speclm", a[i], b[i])):
+                    logits = workers[name].ask(job="logits", ids=p["ids"], then=b[:i], candidates=[mine, other])
+                    row[f"logit_gap_{name}"] = logits["logits"][0] - logits["logits"][1]
             agreement.append(row)
         result["agreement"] = agreement
         for name, w in workers.items():
@@ -138,7 +148,9 @@ def markdown(report: dict) -> str:
         "of its own (llama.cpp's without torch); speclm uses `--weights auto` (each tensor on its file's grid). "
         "Load to first token: process start (interpreter, imports, model load, prompt) to the first generated "
         "token, the model files read once beforehand so that both engines load from the page cache; the median of "
-        f"{LOAD_RUNS} starts per engine, alternating. Speed: "
+        f"{LOAD_RUNS} starts per engine, alternating. speclm's starts map the packed weights that a start before "
+        f"the timed ones kept in its pack cache; `{NO_PACK_CACHE}` repacks the file every time "
+        "(`SPECLM_PACK_CACHE=off`; a first load). Speed: "
         f"{report['max_tokens']} greedy tokens per prompt, EOS ignored, engines interleaved per "
         "prompt, prefill included. Peak RSS: VmHWM after all runs.",
         "",
@@ -148,29 +160,31 @@ def markdown(report: dict) -> str:
     ]
     for label, r in report["results"].items():
         ll = r["llama.cpp"]
-        for name in ("speclm", "llama.cpp"):
+        for name in ("speclm", NO_PACK_CACHE, "llama.cpp"):
+            if name not in r:  # (a report from before the pack cache)
+                continue
             e = r[name]
             load, ll_load = e["load_to_first_token_s"], ll["load_to_first_token_s"]
-            lines.append(
-                f"| {label} | {name} | {e['peak_rss_mb']:.0f} | {e['peak_rss_mb'] / ll['peak_rss_mb']:.2f}x "
-                f"| {load:.2f} | {load / ll_load:.2f}x "
-                f"| {e['tokens_per_s']:.1f} | {e['tokens_per_s'] / ll['tokens_per_s']:.2f}x |"
-            )
+            rss = speed = "- | -"
+            if "peak_rss_mb" in e:
+                rss = f"{e['peak_rss_mb']:.0f} | {e['peak_rss_mb'] / ll['peak_rss_mb']:.2f}x"
+            if "tokens_per_s" in e:
+                speed = f"{e['tokens_per_s']:.1f} | {e['tokens_per_s'] / ll['tokens_per_s']:.2f}x"
+            lines.append(f"| {label} | {name} | {rss} | {load:.2f} | {load / ll_load:.2f}x | {speed} |")
     lines += [
         "",
         f"Greedy agreement ({report['max_tokens']} tokens): tokens before the first divergence from "
-        "llama.cpp's output, and there the gap between llama.cpp's logit for its own token and for speclm's."
-        " The logits come from llama.cpp re-evaluating the prompt and the common prefix in one batch; a negative"
-        " gap means that evaluation prefers speclm's token (llama.cpp's batched and token-by-token numerics"
-        " disagree there: a near-tie).",
+        "llama.cpp's output, and there each engine's logit for its own token minus its logit for the other's "
+        "(its margin; both engines' logits computed on the common prefix as their generation computed them). "
+        "A divergence where both margins are small is a near-tie that rounding decides.",
         "",
-        "| model | prompt | category | matched | logit gap at divergence |",
-        "|---|---|---|---:|---:|",
+        "| model | prompt | category | matched | llama.cpp's margin | speclm's margin |",
+        "|---|---|---|---:|---:|---:|",
     ]
     for label, r in report["results"].items():
         for a in r["agreement"]:
-            gap = f"{a['logit_gap']:.3f}" if "logit_gap" in a else "-"
-            lines.append(f"| {label} | {a['id']} | {a['category']} | {a['matched']} | {gap} |")
+            gaps = [f"{a[key]:.3f}" if key in a else "-" for key in ("logit_gap_llama.cpp", "logit_gap_speclm")]
+            lines.append(f"| {label} | {a['id']} | {a['category']} | {a['matched']} | {gaps[0]} | {gaps[1]} |")
     return "\n".join(lines) + "\n"
 
 

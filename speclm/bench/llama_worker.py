@@ -5,7 +5,9 @@ llama-cpp-python: it imports neither speclm nor torch, so its memory and load ti
 speclm's worker (speclm/bench/speclm_worker.py) speaks the same protocol:
 
   {"job": "generate", "ids": [...], "max_tokens": N} -> {"tokens": [...], "seconds": s, "first_token_at": t}
-  {"job": "logits", "ids": [...], "candidates": [a, b]} -> {"logits": [la, lb], "argmax": k}  (next-token logits)
+  {"job": "logits", "ids": [...], "then": [...], "candidates": [a, b]} -> {"logits": [la, lb], "argmax": k}
+      (the next-token logits after the prompt `ids` and the tokens `then`, computed as generation computes
+      them: the prompt in one batch, then one token at a time)
   {"job": "memory"} -> {"peak_rss_mb": m}
 A first line {"ready": true} is printed once the model is loaded.
 """
@@ -28,7 +30,7 @@ def peak_rss_mb() -> float:
 
 def serve(engine) -> None:
     """Answer jobs from stdin until it closes. `engine` has generate(ids, n) -> (tokens, seconds,
-    first_token_at) and logits(ids) -> list of next-token logits."""
+    first_token_at) and logits(ids, then) -> list of next-token logits."""
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         job = json.loads(line)
@@ -36,7 +38,7 @@ def serve(engine) -> None:
             tokens, seconds, first = engine.generate(job["ids"], job["max_tokens"])
             reply = {"tokens": tokens, "seconds": seconds, "first_token_at": first}
         elif job["job"] == "logits":
-            logits = engine.logits(job["ids"])
+            logits = engine.logits(job["ids"], job.get("then", []))
             reply = {
                 "logits": [float(logits[c]) for c in job["candidates"]],
                 "argmax": max(range(len(logits)), key=logits.__getitem__),
@@ -70,14 +72,18 @@ class LlamaCppEngine:
                 break
         return tokens, time.perf_counter() - t0, first
 
-    def logits(self, ids: list[int]) -> list[float]:
-        """The next-token logits after `ids`, read from the context (Llama.scores holds them only with
-        logits_all, which would cost n_ctx x vocab floats of memory)."""
+    def logits(self, ids: list[int], then: list[int]) -> list[float]:
+        """The next-token logits after the prompt `ids` and the generated tokens `then`, evaluated as
+        generate() does (the prompt in batches, then one token per call: llama.cpp's batched and
+        one-token numerics differ, so only this path gives the logits its greedy choice was made on).
+        Read from the context: Llama.scores holds them only with logits_all (n_ctx x vocab floats)."""
         import llama_cpp
         import numpy as np
 
         self.llama.reset()
         self.llama.eval(ids)
+        for token in then:
+            self.llama.eval([token])
         row = llama_cpp.llama_get_logits_ith(self.llama.ctx, -1)
         return np.ctypeslib.as_array(row, shape=(self.llama.n_vocab(),)).tolist()
 

@@ -32,13 +32,19 @@ class SpeclmEngine:
             tokens += chunk.token_ids
         return tokens, time.perf_counter() - t0, first
 
-    def logits(self, ids: list[int]) -> list[float]:
+    def logits(self, ids: list[int], then: list[int]) -> list[float]:
+        """The engine's rows do not depend on what they are batched with, so one pass over everything after
+        the first token equals decoding `then` a token at a time. The first token goes alone: a pass from
+        slot 0 over several rows would run one SDPA call, not the engine's attention."""
         import torch
 
         from speclm.models.attention import AttentionMetadata
 
-        model, n = self.llm.model, len(ids)
-        hidden = model(torch.tensor(ids), torch.arange(n), model.new_cache(n), AttentionMetadata(0, n))
+        model, ids = self.llm.model, ids + then
+        n = len(ids)
+        cache = model.new_cache(n)
+        model(torch.tensor(ids[:1]), torch.arange(1), cache, AttentionMetadata(0, 1))
+        hidden = model(torch.tensor(ids[1:]), torch.arange(1, n), cache, AttentionMetadata(1, n - 1))
         return model.compute_logits(hidden[-1:])[0].tolist()
 
 
