@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -13,6 +15,15 @@ STORIES_MODEL = os.path.join(STORIES_DIR, "stories260K.bin")
 STORIES_TOKENIZER = os.path.join(STORIES_DIR, "tok512.bin")
 SPECBENCH = SPECBENCH_PROMPTS
 STORIES_GOLDEN = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park."
+
+# Packed-weights cache entries (speclm/models/pack_cache.py) go to a folder of this session's, not the
+# user's ~/.cache; the processes the tests start inherit it. Removed when the session ends.
+PACK_CACHE = os.environ.setdefault("SPECLM_PACK_CACHE", tempfile.mkdtemp(prefix="speclm-pack-cache-"))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.path.basename(PACK_CACHE).startswith("speclm-pack-cache-"):
+        shutil.rmtree(PACK_CACHE, ignore_errors=True)
 
 
 @pytest.fixture

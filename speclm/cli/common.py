@@ -36,7 +36,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         dest="weights",
         default="auto",
         metavar="FORMAT",
-        help=f"runtime weight format of the linear layers: {WEIGHTS_HELP}. Default auto",
+        help=f"runtime weight format of the linear layers: {WEIGHTS_HELP}. Default auto. A GGUF file's auto and "
+        "q4_0 weights are repacked on its first load and mapped from ~/.cache/speclm/packed after that "
+        "($SPECLM_PACK_CACHE: another folder, or off)",
     )
 
 

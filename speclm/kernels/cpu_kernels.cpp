@@ -721,6 +721,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("gguf_packed_bytes", &gguf_packed_bytes, "bytes of a repacked tensor of `rows` rows of `row_bytes` file bytes");
   m.def("huge_page_buffer", &huge_page_buffer, "a uint8 tensor whose 2 MB-aligned interior is advised onto huge pages");
+  m.def("map_file", &map_file, "bytes of a file from a 2 MB-aligned offset, mapped (shared and writable, or private and "
+        "read-only) from a 2 MB boundary, as a uint8 tensor", py::call_guard<py::gil_scoped_release>());
+  m.def("seal_mapping", &seal_mapping, "make a writable map_file tensor read-only");
   m.def("gguf_to_q4_0", &gguf_to_q4_0, "a GGUF tensor's rows (raw bytes) re-quantized to Q4_0 (raw bytes)",
         py::call_guard<py::gil_scoped_release>());
   m.def("gguf_unpack_rows", &gguf_unpack_rows, "dequantize rows of a repacked GGUF tensor to fp32",

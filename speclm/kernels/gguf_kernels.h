@@ -2,9 +2,12 @@
 #pragma once
 #include <torch/extension.h>
 
+#include <string>
 #include <vector>
 
 at::Tensor huge_page_buffer(int64_t bytes);
+at::Tensor map_file(const std::string& path, int64_t offset, int64_t bytes, bool writable);
+void seal_mapping(const at::Tensor& mapped);
 int64_t gguf_packed_bytes(int64_t type, int64_t rows, int64_t row_bytes);
 at::Tensor gguf_pack(const at::Tensor& raw, int64_t type, const at::Tensor& order, const at::Tensor& out, int64_t first_row);
 at::Tensor gguf_to_q4_0(const at::Tensor& raw, int64_t type, const at::Tensor& scratch);

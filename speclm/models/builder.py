@@ -4,7 +4,6 @@ kept on their own grids (the `auto` format)."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import warnings
 
@@ -22,7 +21,6 @@ from speclm.models.checkpoint import (
 )
 from speclm.models.gguf_weights import (
     NATIVE_TYPES,
-    NO_BYTES,
     NO_ORDER,
     GGUFEmbedding,
     GGUFLinear,
@@ -33,6 +31,7 @@ from speclm.models.gguf_weights import (
 )
 from speclm.models.layers import RMSNorm
 from speclm.models.llama import LlamaModel
+from speclm.models.pack_cache import MappedArena, PackCache, StaleEntry
 from speclm.models.quant_linear import COMPUTE_DTYPE, WeightFormat, head_format, make_linear
 
 
@@ -64,18 +63,46 @@ def build_model(
         raise ValueError(f"--weights {fmt.label} runs on the CPU with fp32 activations; got {dtype} on {device}")
     return_big_frees_to_os()
     if native and fmt.name in ("auto", "q4_0"):
-        subset = head_rows if not checkpoint.config.tie_word_embeddings else None
-        source = NativeSource(checkpoint, to_q4_0=fmt.name == "q4_0", head_rows=subset)
+        model, source = _build_native(checkpoint, fmt.name == "q4_0", head_rows)
     else:
+        # The float path is many small torch ops, which one thread runs best on a busy machine.
         source = FloatSource(checkpoint, fmt, dtype, device)
-    # The float path is many small torch ops, which one thread runs best on a busy machine; the native
-    # path's time is a few large repacking calls, which split over the threads.
-    with single_threaded() if isinstance(source, FloatSource) else contextlib.nullcontext():
-        model = _build(checkpoint, source, dtype, device)
+        with single_threaded():
+            model = _build(checkpoint, source, dtype, device)
     trim_freed_memory()
     model.weight_format = fmt
     model.head_rows = source.head_rows if isinstance(source, NativeSource) else None
     return model.eval()
+
+
+def _build_native(
+    checkpoint: Checkpoint, to_q4_0: bool, head_rows: torch.Tensor | None
+) -> tuple[LlamaModel, NativeSource]:
+    """A GGUF file on its own grids: mapped from its pack cache entry when there is one, else repacked
+    (its time is a few large calls, split over the threads) and the entry written for the next load."""
+    subset = head_rows if not checkpoint.config.tie_word_embeddings else None
+    cache = PackCache.for_file(checkpoint.tensors.path, to_q4_0, subset)
+    mapped = cache.open() if cache is not None else None
+    if mapped is not None:
+        try:
+            source = NativeSource(checkpoint, to_q4_0, subset, arena=mapped)
+            model = _build(checkpoint, source, torch.float32, "cpu")
+            mapped.check_complete()
+            return model, source
+        except StaleEntry as e:
+            warnings.warn(f"speclm: the pack cache entry {cache.pack} is stale ({e}); rebuilding it", stacklevel=3)
+            cache.discard()
+    writer = cache.writer() if cache is not None else None
+    source = NativeSource(checkpoint, to_q4_0, subset, arena=PackArena(writer))
+    try:
+        model = _build(checkpoint, source, torch.float32, "cpu")
+    except BaseException:
+        if writer is not None:
+            cache.abandon(writer)
+        raise
+    if writer is not None:
+        cache.finish(source.arena)
+    return model, source
 
 
 def native_source_applies(checkpoint: Checkpoint) -> bool:
@@ -119,14 +146,21 @@ class NativeSource:
     layers' linear tensors are re-quantized to Q4_0 (a draft's coarser weights) straight from the file's
     bytes; the embedding and the output head keep their types."""
 
-    def __init__(self, checkpoint: Checkpoint, to_q4_0: bool = False, head_rows: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        checkpoint: Checkpoint,
+        to_q4_0: bool = False,
+        head_rows: torch.Tensor | None = None,
+        arena: PackArena | MappedArena | None = None,
+    ) -> None:
         self.t = checkpoint.tensors  # speclm.models.gguf_loader.LazyTensors
         self.to_q4_0 = to_q4_0
         self.head_rows = head_rows  # the head's rows to load (None: all)
         self.floats = FloatSource(checkpoint, WeightFormat("fp32"), torch.float32, "cpu")
         self._scratch = torch.empty(0, dtype=torch.uint8)  # file bytes of the tensor being repacked
         self._converted = torch.empty(0, dtype=torch.uint8)  # its bytes as Q4_0 (to_q4_0)
-        self.arena = PackArena()
+        # Where packed tensors go; a mapped cache entry's arena hands them out already packed.
+        self.arena = arena if arena is not None else PackArena()
 
     def tensor(self, name: str) -> torch.Tensor:
         return self.t[name]
@@ -140,31 +174,33 @@ class NativeSource:
             return quantized_segment(self.t[name], "Q4_0") if to_q4_0 else self.t[name]
         kernels, rows = native_kernels(), self.t.rows_of(name)
         row_bytes = self.t.byte_size(name) // rows
+        subset = order is not None and len(order) < rows
+        out_type = "Q4_0" if to_q4_0 else type_name
+        out_rows = len(order) if subset else rows
+        out_row_bytes = self.t.shape_of(name)[1] // 32 * 18 if out_type != type_name else row_bytes
+        out = self.arena.take(kernels.gguf_packed_bytes(NATIVE_TYPES[out_type], out_rows, out_row_bytes))
+        if self.arena.filled:
+            return Segment(out_type, out, out_rows)
         # Rows are read a slice at a time, so the scratch stays small: fresh memory is costly to touch
         # (a page fault per page), and a large tensor (an embedding, a head) would need that much more.
         step = max(16, SLICE_BYTES // row_bytes // 16 * 16)
-        if order is not None and len(order) < rows:  # some rows (a draft's head): gathered slice by slice
+        if subset:  # some rows (a draft's head): gathered slice by slice
             selected = torch.empty(len(order), row_bytes, dtype=torch.uint8)
             for first in range(0, rows, step):
                 raw = self._read(name, first, min(rows, first + step), row_bytes)
                 hit = ((order >= first) & (order < first + len(raw))).nonzero().flatten()
                 selected[hit] = raw[order[hit] - first]
-            return Segment.from_raw(type_name, selected, None, self.arena)
+            return Segment(out_type, kernels.gguf_pack(selected, NATIVE_TYPES[out_type], NO_ORDER, out, 0), out_rows)
         order = order if order is not None else self.t.rotary_row_order(name)
         if order is not None:  # a permutation (the rotary rows of q and k): read whole
             step = rows
-        out_type, out = "Q4_0" if to_q4_0 else type_name, NO_BYTES
         for first in range(0, rows, step):
             raw = self._read(name, first, min(rows, first + step), row_bytes)
             if out_type != type_name:
                 if self._converted.numel() < raw.numel():  # (Q4_0 takes no more bytes than any type converted to it)
                     self._converted = kernels.huge_page_buffer(raw.numel())
                 raw = kernels.gguf_to_q4_0(raw, NATIVE_TYPES[type_name], self._converted)
-            if step >= rows:  # one slice: the whole tensor
-                return Segment.from_raw(out_type, raw, order, self.arena)
-            if first == 0:
-                out = self.arena.take(kernels.gguf_packed_bytes(NATIVE_TYPES[out_type], rows, raw.shape[1]))
-            kernels.gguf_pack(raw, NATIVE_TYPES[out_type], NO_ORDER, out, first)
+            kernels.gguf_pack(raw, NATIVE_TYPES[out_type], NO_ORDER if order is None else order, out, first)
         return Segment(out_type, out, rows)
 
     def _read(self, name: str, first: int, end: int, row_bytes: int) -> torch.Tensor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -54,30 +55,64 @@ class Segment:
         return cls(type_name, packed, rows)
 
 
+class BufferFile(Protocol):
+    """Where a PackArena's buffers can live instead of anonymous memory: a file being written
+    (speclm/models/pack_cache.py: PackWriter)."""
+
+    failed: Exception | None
+
+    def buffer(self, nbytes: int) -> torch.Tensor | None:
+        """A new writable buffer of `nbytes` in the file, or None once the file has failed."""
+
+    def reserve(self, buffer: int, offset: int, nbytes: int) -> bool:
+        """Reserve the file's blocks for a take of buffer `buffer`; False (and failed) when it cannot."""
+
+
 class PackArena:
     """Memory for a model's packed tensors, handed out from a few large buffers on 2 MB pages.
 
     A buffer of its own per tensor leaves the tensor's ends, up to 2 MB each, on 4 kB pages: for a
     1.5B model that was a fifth of its weights, each 4 kB a page fault at load and a TLB miss in every
     pass. Views of one buffer keep all of it alive, which is what a model's weights need; the unused end
-    of a buffer is never touched and so never resident.
+    of a buffer is never touched and so never resident. The takes are recorded, so that the arena can
+    be written as a cache entry (speclm/models/pack_cache.py) and replayed from it.
     """
 
     BUFFER_BYTES = 256 << 20
     ALIGN = 64  # the kernels' records start on cache lines
+    filled = False  # its views are fresh memory for the loader to pack into (a mapped entry's are packed)
 
-    def __init__(self) -> None:
-        self.buffer = NO_BYTES
-        self.used = 0
+    def __init__(self, writer: BufferFile | None = None) -> None:
+        self.writer = writer  # buffers in a cache entry's file while it works (speclm/models/pack_cache.py)
+        self.buffers: list[torch.Tensor] = []
+        self.in_file: list[bool] = []  # per buffer: a region of the writer's file
+        self.used = 0  # in the last buffer
+        self.takes: list[tuple[int, int, int]] = []  # (buffer, offset, bytes) per take
 
     def take(self, nbytes: int) -> torch.Tensor:
         """A fresh uint8 view of `nbytes` bytes."""
-        if self.used + nbytes > self.buffer.numel():
-            self.buffer = native_kernels().huge_page_buffer(max(self.BUFFER_BYTES, nbytes))
-            self.used = 0
-        view = self.buffer[self.used : self.used + nbytes]
+        if not self.buffers or self.used + nbytes > self.buffers[-1].numel():
+            self._add_buffer(nbytes)
+        if self.in_file[-1] and not self.writer.reserve(len(self.buffers) - 1, self.used, nbytes):
+            self._add_buffer(nbytes)  # (no room on the disk: anonymous memory from here on)
+        view = self.buffers[-1][self.used : self.used + nbytes]
+        self.takes.append((len(self.buffers) - 1, self.used, nbytes))
         self.used += -(-nbytes // self.ALIGN) * self.ALIGN
         return view
+
+    def _add_buffer(self, nbytes: int) -> None:
+        size = max(self.BUFFER_BYTES, nbytes)
+        mapped = self.writer.buffer(size) if self.writer is not None else None  # (None once the writer failed)
+        self.in_file.append(mapped is not None)
+        self.buffers.append(mapped if mapped is not None else native_kernels().huge_page_buffer(size))
+        self.used = 0
+
+    def buffer_used(self) -> list[int]:
+        """The bytes each buffer's takes reach to."""
+        ends = [0] * len(self.buffers)
+        for buffer, offset, nbytes in self.takes:
+            ends[buffer] = max(ends[buffer], offset + nbytes)
+        return ends
 
 
 QUANTIZE_ROWS = 4096  # rows converted at a time: bounds the float temporaries

@@ -94,6 +94,7 @@ def test_the_default_model_loaded_in_slices_equals_it_loaded_whole(monkeypatch):
     from speclm.models import builder
     from speclm.models.loader import load_checkpoint
 
+    monkeypatch.setenv("SPECLM_PACK_CACHE", "off")  # both packed from the file
     whole = builder.build_model(load_checkpoint(None), weights="auto")  # the default model's GGUF file
     monkeypatch.setattr(builder, "SLICE_BYTES", 1 << 16)  # every matrix in slices of rows
     sliced = builder.build_model(load_checkpoint(None), weights="auto")
