@@ -92,7 +92,10 @@ void attend_one(const float* q, const float* keys, const float* values, int64_t 
     // ~3 shuffles/adds per key instead of sum16's 8. A row's split into blocks and a tail depends
     // on its length only, so its scores still do not depend on the other rows.
     int64_t j = 0;
-    float16v block_max = load16(scores) * 0.0f - INFINITY;
+    // (-inf in every lane. Not derived from `scores`: it holds an earlier row's leftovers, possibly inf or
+    // NaN, and a NaN lane would hide its keys from the maximum; the softmax then shifts by another value,
+    // and the row's result depends on which rows ran before it on this thread.)
+    float16v block_max = float16v{} - INFINITY;
     for (; j + 16 <= length; j += 16) {
       float16v parts[16];
       for (int t = 0; t < 16; ++t) {

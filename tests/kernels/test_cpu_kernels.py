@@ -84,6 +84,33 @@ def test_attend_rows_is_row_invariant_bit_for_bit():
 
 
 @needs_kernels
+def test_a_row_does_not_see_the_scores_an_earlier_row_left_behind():
+    """A thread's score buffer holds the previous row's leftovers past that row's length. A short row whose
+    scores are all far below zero leaves overflowed values (inf) there; the next row (16 keys or more, its
+    largest score among those slots) must still find its true maximum. It once seeded its maximum from
+    those leftovers (NaN lanes), shifted the softmax by the wrong value and overflowed: the real 1.5B's
+    greedy output then depended on how its prompt was chunked, and speculation left plain decoding."""
+    d = 64
+    keys = torch.zeros(1, 32, d)
+    keys[0, :, 0] = torch.tensor([1.0] * 3 + [2.0] * 13 + [1.0] * 16)
+    values = torch.randn(1, 32, d, generator=torch.Generator().manual_seed(0))
+    q = torch.zeros(1, 2, d)
+    q[0, 0, 0] = -88.72  # row 0: 3 keys scoring -88.72: its buffer's other lanes, 0, become exp(88.72) = inf
+    q[0, 1, 0] = 100.0  # row 1: 20 keys, the largest scores at keys 3..15
+    lengths = torch.tensor([3, 20])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # both rows on one thread, in order
+        together = kernels.attend_rows(q, keys, values, lengths, EMPTY, EMPTY, 1.0)
+    finally:
+        torch.set_num_threads(before)
+    alone = kernels.attend_rows(q[:, 1:].clone(), keys, values, lengths[1:], EMPTY, EMPTY, 1.0)
+    assert torch.isfinite(together).all()
+    assert torch.equal(together[:, 1:], alone)
+    assert torch.allclose(alone[0, 0], values[0, 3:16].mean(0), atol=1e-5)
+
+
+@needs_kernels
 def test_rows_sharing_a_slot_table_row_equal_rows_with_their_own():
     """A prompt chunk's rows read one shared list of slots (slot_rows): bit for bit what each row
     computes with its own copy of the list, and what it computes alone."""
