@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from speclm.bench.llama_worker import TOP
 
 WORKER = str(Path(__file__).with_name("llama_worker.py"))
 
@@ -129,12 +132,30 @@ def compare(
                     row[f"logit_gap_{name}"] = logits["logits"][0] - logits["logits"][1]
             agreement.append(row)
         result["agreement"] = agreement
+        result["logit_noise"] = [logit_noise(workers, p["ids"]) for p in prompts]
         for name, w in workers.items():
             result[name]["peak_rss_mb"] = w.ask(job="memory")["peak_rss_mb"]
     finally:
         for w in workers.values():
             w.close()
     return result
+
+
+def logit_noise(workers: dict[str, Worker], ids: list[int]) -> dict:
+    """How far the engines' next-token logits after a prompt lie apart, on llama.cpp's most likely tokens
+    (the ones a greedy choice is made among), next to how far llama.cpp lies from itself when it reads the
+    same prompt one token per call instead of in one batch: the scale below which a divergence is a
+    matter of rounding."""
+    batched = workers["llama.cpp"].ask(job="logits", ids=ids, then=[], candidates=[])
+    top = batched["top"]
+    ref = workers["llama.cpp"].ask(job="logits", ids=ids, then=[], candidates=top)["logits"]
+    one_by_one = workers["llama.cpp"].ask(job="logits", ids=ids[:1], then=ids[1:], candidates=top)["logits"]
+    ours = workers["speclm"].ask(job="logits", ids=ids, then=[], candidates=top)["logits"]
+
+    def rms(x: list[float]) -> float:
+        return math.sqrt(sum((a - b) ** 2 for a, b in zip(x, ref)) / len(ref))
+
+    return {"speclm_rms": rms(ours), "llama_cpp_one_by_one_rms": rms(one_by_one)}
 
 
 def markdown(report: dict) -> str:
@@ -185,6 +206,23 @@ def markdown(report: dict) -> str:
         for a in r["agreement"]:
             gaps = [f"{a[key]:.3f}" if key in a else "-" for key in ("logit_gap_llama.cpp", "logit_gap_speclm")]
             lines.append(f"| {label} | {a['id']} | {a['category']} | {a['matched']} | {gaps[0]} | {gaps[1]} |")
+    lines += [
+        "",
+        "Logit noise: the root mean square difference of the next-token logits after each prompt, on llama.cpp's "
+        f"{TOP} most likely tokens, from llama.cpp's (the prompt in one batch); beside it llama.cpp against itself "
+        "when it reads the prompt one token per call. Range over the prompts.",
+        "",
+        "| model | speclm vs llama.cpp | llama.cpp one token per call vs llama.cpp |",
+        "|---|---:|---:|",
+    ]
+    for label, r in report["results"].items():
+        noise = r.get("logit_noise")
+        if noise:
+            cells = [
+                f"{min(n[k] for n in noise):.3f}-{max(n[k] for n in noise):.3f}"
+                for k in ("speclm_rms", "llama_cpp_one_by_one_rms")
+            ]
+            lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines) + "\n"
 
 

@@ -5,9 +5,9 @@ llama-cpp-python: it imports neither speclm nor torch, so its memory and load ti
 speclm's worker (speclm/bench/speclm_worker.py) speaks the same protocol:
 
   {"job": "generate", "ids": [...], "max_tokens": N} -> {"tokens": [...], "seconds": s, "first_token_at": t}
-  {"job": "logits", "ids": [...], "then": [...], "candidates": [a, b]} -> {"logits": [la, lb], "argmax": k}
+  {"job": "logits", "ids": [...], "then": [...], "candidates": [a, b]} -> {"logits": [la, lb], "top": [k, ...]}
       (the next-token logits after the prompt `ids` and the tokens `then`, computed as generation computes
-      them: the prompt in one batch, then one token at a time)
+      them: the prompt in one batch, then one token at a time; "top": the TOP most likely tokens)
   {"job": "memory"} -> {"peak_rss_mb": m}
 A first line {"ready": true} is printed once the model is loaded.
 """
@@ -28,6 +28,9 @@ def peak_rss_mb() -> float:
     return 0.0
 
 
+TOP = 20  # the most likely tokens a logits job names, best first
+
+
 def serve(engine) -> None:
     """Answer jobs from stdin until it closes. `engine` has generate(ids, n) -> (tokens, seconds,
     first_token_at) and logits(ids, then) -> list of next-token logits."""
@@ -41,7 +44,7 @@ def serve(engine) -> None:
             logits = engine.logits(job["ids"], job.get("then", []))
             reply = {
                 "logits": [float(logits[c]) for c in job["candidates"]],
-                "argmax": max(range(len(logits)), key=logits.__getitem__),
+                "top": sorted(range(len(logits)), key=logits.__getitem__, reverse=True)[:TOP],
             }
         else:
             reply = {"peak_rss_mb": peak_rss_mb()}
