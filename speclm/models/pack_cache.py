@@ -12,7 +12,7 @@ An entry is keyed by everything its bytes depend on: the file (path, size, modif
 the weight format (a draft's Q4_0), the head's rows (a draft's token map) and the packing code. It
 also records the arena's takes, which a load replays and checks. A stale or unreadable entry is
 rebuilt. Entries live in $SPECLM_PACK_CACHE (default ~/.cache/speclm/packed); `off` turns the cache
-off. Only the newest entry of a file in each form is kept.
+off. Only the newest entry of a file in each form is kept, and entries of deleted files are removed.
 """
 
 from __future__ import annotations
@@ -231,13 +231,14 @@ class PackCache:
 
     def _remove_older_entries(self) -> None:
         """Entries of the same file in the same form under other keys (an older file, older packing code,
-        another token map)."""
+        another token map), and entries of files that are gone."""
         for other in self.directory.glob("*.json"):
             if other == self.index:
                 continue
             try:
                 index = json.loads(other.read_text())
-                if index.get("source") == self.source and index.get("form") == self.form:
+                same = index.get("source") == self.source and index.get("form") == self.form
+                if same or not os.path.exists(index.get("source", "")):
                     other.unlink(missing_ok=True)
                     other.with_suffix(".pack").unlink(missing_ok=True)
             except (OSError, ValueError):

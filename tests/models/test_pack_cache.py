@@ -5,6 +5,7 @@ back to packing from the file."""
 from __future__ import annotations
 
 import json
+import os
 import warnings
 
 import pytest
@@ -100,7 +101,7 @@ def test_a_truncated_entry_is_not_mapped(tmp_path, monkeypatch):
 
 def test_entries_are_per_form_and_a_changed_file_replaces_its_entry(tmp_path, monkeypatch):
     """The same file as a target (its own types) and as a draft (Q4_0) has two entries; a newer file
-    at the same path gets a new key, and its older entry is removed."""
+    at the same path gets a new key, and its older entry is removed; a deleted file's entries go too."""
     monkeypatch.setenv("SPECLM_PACK_CACHE", str(tmp_path))
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(open(default_model_path(), "rb").read())
@@ -113,6 +114,11 @@ def test_entries_are_per_form_and_a_changed_file_replaces_its_entry(tmp_path, mo
     builder.build_model(load_checkpoint(str(gguf)), weights="auto")
     assert len(list(tmp_path.glob("*.pack"))) == 2
     assert {json.loads(p.read_text())["form"] for p in tmp_path.glob("*.json")} == {"auto", "q4_0"}
+    gguf.unlink()  # the file is gone: the next entry written removes its entries
+    build()
+    assert [json.loads(p.read_text())["source"] for p in tmp_path.glob("*.json")] == [
+        os.path.realpath(default_model_path())
+    ]
 
 
 def test_an_unwritable_cache_costs_a_warning_only(tmp_path, monkeypatch):
