@@ -114,6 +114,10 @@ at::Tensor map_file(const std::string& path, int64_t offset, int64_t bytes, bool
   else if (reserved_end > end) munmap(reinterpret_cast<void*>(end), reserved_end - end);
   TORCH_CHECK(data != MAP_FAILED, "map_file: cannot map ", path);
   madvise(data, length, MADV_HUGEPAGE);
+  // A read-only entry that is not in the page cache (after a reboot, or evicted) is read ahead from now on,
+  // in the background, as llama.cpp does with its file: the first pass then finds its pages in memory
+  // instead of faulting each one in from the disk. Nothing is mapped into this process by it (no RSS).
+  if (!writable) madvise(data, length, MADV_WILLNEED);
   return at::from_blob(data, {bytes}, [length](void* p) { munmap(p, length); }, at::TensorOptions().dtype(at::kByte));
 #else
   TORCH_CHECK(false, "map_file: Linux only");
