@@ -733,6 +733,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("gguf_matmul", &gguf_matmul, "fp32 x (int8 per row and block) @ repacked GGUF weights, row-invariant",
         py::call_guard<py::gil_scoped_release>());
+  m.def("gguf_quantize_activations", &gguf_quantize_activations,
+        "fp32 rows quantized as gguf_matmul quantizes them (Q8_K or Q8_0): codes, block scales, code sums");
   m.def("gguf_select_rows", &gguf_select_rows, "a repacked GGUF tensor of some rows of another",
         py::call_guard<py::gil_scoped_release>());
   m.def("gguf_record_bytes", &gguf_record_bytes, "bytes per repacked record (16 outputs x one GGUF block)");

@@ -14,6 +14,7 @@ at::Tensor gguf_to_q4_0(const at::Tensor& raw, int64_t type, const at::Tensor& s
 at::Tensor gguf_unpack_rows(const at::Tensor& packed, int64_t type, int64_t k_in, const at::Tensor& rows);
 at::Tensor gguf_matmul(const at::Tensor& x, const std::vector<at::Tensor>& packed, const std::vector<int64_t>& types,
                        const std::vector<int64_t>& n_outs, const at::Tensor& bias);
+std::vector<at::Tensor> gguf_quantize_activations(const at::Tensor& x, bool k_quant);
 int64_t gguf_record_bytes(int64_t type);
 at::Tensor gguf_select_rows(const at::Tensor& packed, int64_t type, int64_t k_in, const at::Tensor& rows);
 bool gguf_available();

@@ -28,21 +28,55 @@ def raw_tensor(kind: str, rows: int, cols: int, rng) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
-def quantized_activations(x: np.ndarray, k_quant: bool) -> np.ndarray:
-    """What the kernel multiplies: each row quantized per 32 (Q8_0, fp16 scale) or per 256 (Q8_K)."""
-    out, block = np.empty_like(x), 256 if k_quant else 32
+def reference_quantization(x: np.ndarray, k_quant: bool) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's activation quantization, scalar: per 32 (Q8_0, fp16 scale) or per 256 (Q8_K).
+    Returns the codes [M, K] and the block scales [M, K / block]."""
+    block = 256 if k_quant else 32
+    codes, scales = np.empty(x.shape, np.float32), np.empty((x.shape[0], x.shape[1] // block), np.float32)
     for r in range(x.shape[0]):
         for b in range(x.shape[1] // block):
             v = x[r, b * block : (b + 1) * block]
             if k_quant:
-                big = v[np.argmax(np.abs(v))]
-                scale = np.float32(-127.0) / big
-                q, d = np.minimum(127, np.rint(scale * v)), np.float32(1.0) / scale
+                big = v[np.argmax(np.abs(v))]  # the first of largest magnitude, with its sign
+                if big == 0:
+                    q, d = np.zeros_like(v), np.float32(0)
+                else:
+                    scale = np.float32(-127.0) / big
+                    q, d = np.minimum(127, np.rint(scale * v)), np.float32(1.0) / scale
             else:
                 d = np.float32(np.abs(v).max() / np.float32(127))
-                q, d = np.rint(v * (np.float32(1) / d)), np.float32(np.float16(d))
-            out[r, b * block : (b + 1) * block] = q * d
-    return out
+                inverse = np.float32(1) / d if d != 0 else np.float32(0)
+                q, d = np.rint(v * inverse), np.float32(np.float16(d))
+            codes[r, b * block : (b + 1) * block], scales[r, b] = q, d
+    return codes, scales
+
+
+def quantized_activations(x: np.ndarray, k_quant: bool) -> np.ndarray:
+    """What the kernel multiplies: each row's codes times their block's scale."""
+    codes, scales = reference_quantization(x, k_quant)
+    return codes * np.repeat(scales, 256 if k_quant else 32, axis=1)
+
+
+@pytest.mark.parametrize("k_quant", [False, True])
+def test_activations_are_quantized_as_llama_cpp_quantizes_them(k_quant):
+    """The vectorized quantizer gives the scalar reference's codes, scales and sums bit for bit, also on
+    the edge cases: codes exactly halfway (rounded to even), a block of zeros, and +a and -a both of
+    largest magnitude (Q8_K takes the first one's sign)."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((6, 1024)).astype(np.float32) * rng.uniform(0.01, 30, (6, 1)).astype(np.float32)
+    x[1, :256] = 0.0  # a zero block
+    x[2, :256] = np.arange(256, dtype=np.float32) - 127.5  # halves everywhere
+    x[2, 256:512] = (np.arange(256, dtype=np.float32) % 8 - 3.5) / 2  # more halves
+    x[3, 10], x[3, 20] = 5.0, -5.0  # a tie in magnitude: + first
+    x[3, 300], x[3, 310] = -7.0, 7.0  # - first
+    x[4, 32:64] = 1e-30  # tiny values
+    codes, scales, sums = native_kernels().gguf_quantize_activations(torch.from_numpy(x), k_quant)
+    want_codes, want_scales = reference_quantization(x, k_quant)
+    assert np.array_equal(codes.numpy(), want_codes.astype(np.int8))
+    assert np.array_equal(scales.numpy(), want_scales)
+    group = 16 if k_quant else 32
+    assert np.array_equal(sums.numpy(), want_codes.reshape(6, -1, group).sum(axis=2).astype(np.int32))
+    assert (codes[2] != 0).any() and (codes.abs() == 127).any()  # the case is not vacuous
 
 
 @pytest.mark.parametrize("kind", list(NATIVE_TYPES))
