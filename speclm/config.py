@@ -242,7 +242,7 @@ INT4_GROUP_SIZES = (32, 64, 128, 256)
 WEIGHTS_HELP = (
     "auto (a GGUF file's own quantization types; fp32 for other files) | fp32 | bf16 | int8 | int4 | int4:GROUP "
     "(GROUP in 32, 64, 128, 256; default 32) | q4_0 (linear layers re-quantized to GGUF Q4_0 on the same kernels "
-    "as auto; a GGUF's embedding and output head keep their types: a cheaper draft model)"
+    "as auto, an untied output head too; a GGUF's embedding keeps its type: a cheaper draft model)"
 )
 
 

@@ -143,8 +143,8 @@ SLICE_BYTES = 16 << 20  # file bytes read and repacked at a time
 class NativeSource:
     """Layers on a GGUF file's own grids, repacked tensor by tensor from the file's bytes (no float copy
     of the model); tensors of other types (F32, F16, ...) become fp32 layers. With `to_q4_0` the decoder
-    layers' linear tensors are re-quantized to Q4_0 (a draft's coarser weights) straight from the file's
-    bytes; the embedding and the output head keep their types."""
+    layers' linear tensors and an output head of its own are re-quantized to Q4_0 (a draft's coarser
+    weights) straight from the file's bytes; the embedding (and so a tied head) keeps its type."""
 
     def __init__(
         self,
@@ -190,6 +190,8 @@ class NativeSource:
                 raw = self._read(name, first, min(rows, first + step), row_bytes)
                 hit = ((order >= first) & (order < first + len(raw))).nonzero().flatten()
                 selected[hit] = raw[order[hit] - first]
+            if out_type != type_name:
+                selected = kernels.gguf_to_q4_0(selected, NATIVE_TYPES[type_name], torch.empty(0, dtype=torch.uint8))
             return Segment(out_type, kernels.gguf_pack(selected, NATIVE_TYPES[out_type], NO_ORDER, out, 0), out_rows)
         order = order if order is not None else self.t.rotary_row_order(name)
         if order is not None:  # a permutation (the rotary rows of q and k): read whole
@@ -211,7 +213,7 @@ class NativeSource:
 
     def linear(self, names: list[str], bias: torch.Tensor | None, head: bool = False) -> nn.Module:
         in_features = self.t.shape_of(names[0])[1]
-        to_q4_0 = self.to_q4_0 and not head and in_features % 32 == 0  # (Q4_0 blocks are 32 inputs wide)
+        to_q4_0 = self.to_q4_0 and in_features % 32 == 0  # (Q4_0 blocks are 32 inputs wide)
         order = self.head_rows if head else None
         parts = [self._part(n, to_q4_0, order) for n in names]
         if all(isinstance(p, Segment) for p in parts):

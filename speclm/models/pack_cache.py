@@ -28,7 +28,7 @@ import torch
 from speclm.kernels import SOURCES
 from speclm.models.gguf_weights import PackArena, native_kernels
 
-ENTRY_VERSION = 1  # bump when the entry's layout changes (the packing code's own changes are in the key)
+ENTRY_VERSION = 2  # bump when the entry's layout changes (the packing code's own changes are in the key)
 FILE_ALIGN = 2 << 20  # each arena buffer starts on a 2 MB boundary of the file, so it can map on huge pages
 
 

@@ -16,16 +16,22 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(native_kernels() is None, reason="no AVX-512 VNNI kernels here")
 
 
-def test_a_draft_loaded_with_only_its_head_rows_proposes_as_the_whole_head(tmp_path):
+@pytest.mark.parametrize("weights", ["auto", "q4_0"])
+def test_a_draft_loaded_with_only_its_head_rows_proposes_as_the_whole_head(tmp_path, weights):
+    """In the draft form (q4_0) the head's rows are re-quantized too, row by row: the subset's rows are the
+    whole head's rows."""
     tiny_hf_model(transformers.LlamaConfig).save_pretrained(tmp_path)  # an untied head
     path = str(tmp_path / "draft-q8_0.gguf")
     export_gguf(load_checkpoint(str(tmp_path)), None, path, "Q8_0")
     vocab = load_checkpoint(path).config.vocab_size
     token_map = frequent_tokens(vocab // 2, vocab, [vocab - 1])
-    subset = build_model(load_checkpoint(path), weights="auto", head_rows=token_map)
-    whole = build_model(load_checkpoint(path), weights="auto")
+    subset = build_model(load_checkpoint(path), weights=weights, head_rows=token_map)
+    whole = build_model(load_checkpoint(path), weights=weights)
     assert subset.head_rows is token_map and whole.head_rows is None
     assert subset.lm_head.out_features == len(token_map) and whole.lm_head.out_features == vocab
+    head_type = "Q4_0" if weights == "q4_0" else "Q8_0"
+    for model in (subset, whole):
+        assert [s.type_name for s in model.lm_head.segments] == [head_type]
     drafts = [DraftModelProposer(m, token_map=token_map) for m in (subset, whole)]
     assert drafts[0].lm_head is subset.lm_head  # not selected a second time
     ids = list(range(5, 30))
