@@ -475,9 +475,10 @@ struct QuantizedRow {
 };
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
-// Vectorized (a one-token pass quantizes ~14k inputs per layer of a 1.5B model; the scalar loop took ~1 ms
-// per pass). The same float operations as llama.cpp's scalar reference, so the same codes: x * (1 / d)
-// (Q8_0) or x * (-127 / max) (Q8_K), rounded to nearest even under the default rounding mode.
+// Vectorized: every pass quantizes each layer's four inputs once per row, and a scalar loop was a visible
+// share of a multi-row pass (benchmarks/pass_cost_qwen1.5b.md). The same float operations as llama.cpp's
+// scalar reference, so the same codes: x * (1 / d) (Q8_0) or x * (-127 / max) (Q8_K), rounded to nearest
+// even under the default rounding mode.
 void quantize_q8_0(const float* x, int64_t k, QuantizedRow& r) {
   r.q.resize(k);
   r.d.resize(k / 32);

@@ -191,7 +191,7 @@ class NativeSource:
                 hit = ((order >= first) & (order < first + len(raw))).nonzero().flatten()
                 selected[hit] = raw[order[hit] - first]
             if out_type != type_name:
-                selected = kernels.gguf_to_q4_0(selected, NATIVE_TYPES[type_name], torch.empty(0, dtype=torch.uint8))
+                selected = self._to_q4_0(selected, type_name)
             return Segment(out_type, kernels.gguf_pack(selected, NATIVE_TYPES[out_type], NO_ORDER, out, 0), out_rows)
         order = order if order is not None else self.t.rotary_row_order(name)
         if order is not None:  # a permutation (the rotary rows of q and k): read whole
@@ -199,11 +199,15 @@ class NativeSource:
         for first in range(0, rows, step):
             raw = self._read(name, first, min(rows, first + step), row_bytes)
             if out_type != type_name:
-                if self._converted.numel() < raw.numel():  # (Q4_0 takes no more bytes than any type converted to it)
-                    self._converted = kernels.huge_page_buffer(raw.numel())
-                raw = kernels.gguf_to_q4_0(raw, NATIVE_TYPES[type_name], self._converted)
+                raw = self._to_q4_0(raw, type_name)
             kernels.gguf_pack(raw, NATIVE_TYPES[out_type], NO_ORDER if order is None else order, out, first)
         return Segment(out_type, out, rows)
+
+    def _to_q4_0(self, raw: torch.Tensor, type_name: str) -> torch.Tensor:
+        """Rows of file bytes re-quantized to Q4_0, in the reused conversion scratch."""
+        if self._converted.numel() < raw.numel():  # (Q4_0 takes no more bytes than any type converted to it)
+            self._converted = native_kernels().huge_page_buffer(raw.numel())
+        return native_kernels().gguf_to_q4_0(raw, NATIVE_TYPES[type_name], self._converted)
 
     def _read(self, name: str, first: int, end: int, row_bytes: int) -> torch.Tensor:
         """The file's rows [first, end) of a tensor, in the reused scratch."""
