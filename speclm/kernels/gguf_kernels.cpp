@@ -5,7 +5,9 @@
 // Repacked layout. Outputs go in blocks of 16 (one 512-bit lane each). For every output block and every
 // GGUF block along the input (32 or 256 weights) there is one record: the block's parameters for the 16
 // outputs (fp16 d / m / dmin as stored, K-quant sub-block scales and mins unpacked to bytes), then the
-// weights' unsigned integer codes in units of 32 inputs:
+// weights' unsigned integer codes in units of 32 inputs. Per-sub-block bytes go [sub-block][output] (Q4_K,
+// Q5_K scales: byte 16 j + l), or in pairs of sub-blocks (Q4_K, Q5_K mins; Q6_K scales: byte
+// 32 (j / 2) + 2 l + j % 2), so that one load widens to the 16-bit pairs of a VPDPWSSD; then the codes:
 // - 4-bit codes: 256 bytes, 4 vectors; byte 4l+j of vector p holds code[l][4p+j] (low nibble) and
 //   code[l][4(p+4)+j] (high nibble): inputs 0..15 of the unit in low nibbles, 16..31 in high ones;
 // - 5-bit codes: the 4-bit plane, then 64 bytes whose byte 4l+j has bit p = bit 4 of code[l][4p+j];
@@ -138,6 +140,10 @@ namespace {
 
 int64_t unit_bytes(int bits) { return bits == 8 ? 512 : bits == 6 ? 384 : bits == 5 ? 320 : 256; }
 int64_t record_bytes(const Geometry& g) { return g.param_bytes + g.block_weights / 32 * unit_bytes(g.bits); }
+// Where sub-block j's byte for output l lies in a record: Q4_K/Q5_K scales one sub-block after another,
+// their mins and Q6_K's scales in pairs of sub-blocks (the layout comment at the top).
+int scale_at(int64_t type, int j, int l) { return type == kQ6_K ? 32 + 32 * (j / 2) + 2 * l + j % 2 : 64 + 16 * j + l; }
+int min_at(int j, int l) { return 192 + 32 * (j / 2) + 2 * l + j % 2; }
 
 // Packing writes every byte of a full output block, so only the last one is zeroed, for its padding
 // outputs (a pass over the whole model's memory is time at load).
@@ -269,11 +275,11 @@ void pack_block(const Geometry& g, int64_t type, const Decoded& dec, int l, uint
   if (type == kQ4_1 || type == kQ5_1 || (g.k_quant && type != kQ6_K)) d[16 + l] = dec.m;
   if (type == kQ4_K || type == kQ5_K) {
     for (int j = 0; j < 8; ++j) {
-      record[64 + 16 * j + l] = dec.sc[j];
-      record[192 + 16 * j + l] = dec.mn[j];
+      record[scale_at(type, j, l)] = dec.sc[j];
+      record[min_at(j, l)] = dec.mn[j];
     }
   } else if (type == kQ6_K) {
-    for (int j = 0; j < 16; ++j) record[32 + 16 * j + l] = dec.sc[j];
+    for (int j = 0; j < 16; ++j) record[scale_at(type, j, l)] = dec.sc[j];
   }
   uint8_t* units = record + g.param_bytes;
   const int64_t ub = unit_bytes(g.bits);
@@ -326,11 +332,11 @@ void unpack_block(const Geometry& g, int64_t type, const uint8_t* record, int l,
   out.m = (type == kQ4_1 || type == kQ5_1 || (g.k_quant && type != kQ6_K)) ? d16[16 + l] : 0;
   if (type == kQ4_K || type == kQ5_K) {
     for (int j = 0; j < 8; ++j) {
-      out.sc[j] = record[64 + 16 * j + l];
-      out.mn[j] = record[192 + 16 * j + l];
+      out.sc[j] = record[scale_at(type, j, l)];
+      out.mn[j] = record[min_at(j, l)];
     }
   } else if (type == kQ6_K) {
-    for (int j = 0; j < 16; ++j) out.sc[j] = record[32 + 16 * j + l];
+    for (int j = 0; j < 16; ++j) out.sc[j] = record[scale_at(type, j, l)];
   }
   for (int64_t k = 0; k < g.block_weights; ++k) out.codes[k] = static_cast<uint8_t>(record_code(g, record, l, k));
 }
@@ -349,11 +355,11 @@ float unpack_weight(const Geometry& g, int64_t type, const uint8_t* record, int 
     case kQ4_K:
     case kQ5_K: {
       const int j = static_cast<int>(k / 32);
-      return d * record[64 + 16 * j + l] * static_cast<float>(code) - fp16_to_float(d16[16 + l]) * record[192 + 16 * j + l];
+      return d * record[scale_at(type, j, l)] * static_cast<float>(code) - fp16_to_float(d16[16 + l]) * record[min_at(j, l)];
     }
     case kQ6_K: {
       const int j = static_cast<int>(k / 16);
-      return d * static_cast<int8_t>(record[32 + 16 * j + l]) * static_cast<float>(code - 32);
+      return d * static_cast<int8_t>(record[scale_at(type, j, l)]) * static_cast<float>(code - 32);
     }
     default: return 0.0f;
   }
@@ -467,12 +473,17 @@ namespace {
 // One row quantized for the 32-weight types (Q8_0: per 32, d = absmax / 127 stored as fp16, codes
 // round(x / d) to nearest even) or for the K-quants (Q8_K: per 256, d = -max / 127 with max the value of
 // largest magnitude, codes min(127, round(x * -127 / max))). sums[g]: the codes' sum per 32 inputs (Q8_0)
-// or per 16 (Q8_K), which the weights' offsets and mins multiply.
+// or per 16 (Q8_K), which the weights' offsets and mins multiply. Q8_K's sums also go in 16-bit pairs
+// (low half first), as the K-quant kernels' VPDPWSSD takes them: pairs16 per 32 inputs (two sums of 16),
+// pairs32 per 64 (two sums of 32). A sum of 32 codes fits: |sum| <= 32 * 127.
 struct QuantizedRow {
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<int32_t> sums;
+  std::vector<int32_t> pairs16, pairs32;
 };
+
+int32_t pair16(int32_t low, int32_t high) { return static_cast<int32_t>((static_cast<uint32_t>(high) << 16) | (static_cast<uint32_t>(low) & 0xFFFF)); }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
 // Vectorized: every pass quantizes each layer's four inputs once per row, and a scalar loop was a visible
@@ -501,6 +512,8 @@ void quantize_q8_k(const float* x, int64_t k, QuantizedRow& r) {
   r.q.resize(k);
   r.d.resize(k / 256);
   r.sums.resize(k / 16);
+  r.pairs16.resize(k / 32);
+  r.pairs32.resize(k / 64);
   const __m512 sign = _mm512_set1_ps(-0.0f);
   for (int64_t b = 0; b < k / 256; ++b) {
     const float* xb = x + 256 * b;
@@ -511,6 +524,8 @@ void quantize_q8_k(const float* x, int64_t k, QuantizedRow& r) {
       std::fill(r.q.begin() + 256 * b, r.q.begin() + 256 * (b + 1), 0);
       r.d[b] = 0.0f;
       std::fill(r.sums.begin() + 16 * b, r.sums.begin() + 16 * (b + 1), 0);
+      std::fill(r.pairs16.begin() + 8 * b, r.pairs16.begin() + 8 * (b + 1), 0);
+      std::fill(r.pairs32.begin() + 4 * b, r.pairs32.begin() + 4 * (b + 1), 0);
       continue;
     }
     float max = 0.0f;  // the first input of largest magnitude, with its sign
@@ -528,6 +543,9 @@ void quantize_q8_k(const float* x, int64_t k, QuantizedRow& r) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(r.q.data() + 256 * b + 16 * v), _mm512_cvtsepi32_epi8(q));
       r.sums[16 * b + v] = _mm512_reduce_add_epi32(q);
     }
+    const int32_t* s = r.sums.data() + 16 * b;
+    for (int i = 0; i < 8; ++i) r.pairs16[8 * b + i] = pair16(s[2 * i], s[2 * i + 1]);
+    for (int i = 0; i < 4; ++i) r.pairs32[4 * b + i] = pair16(s[4 * i] + s[4 * i + 1], s[4 * i + 2] + s[4 * i + 3]);
     r.d[b] = 1.0f / iscale;
   }
 }
@@ -744,8 +762,8 @@ void block_rows(const uint8_t* rec, int64_t blocks, const QuantizedRow* const* x
         }
       }
     } else {  // 256 inputs: 8 units; integer sums over the block scaled by the sub-block scales, as llama.cpp
-      __m512i sumi[T], summ[T];
-      for (int t = 0; t < T; ++t) sumi[t] = summ[t] = _mm512_setzero_si512();
+      __m512i sumi[T];
+      for (int t = 0; t < T; ++t) sumi[t] = _mm512_setzero_si512();
       for (int u = 0; u < 8; ++u) {
         __m512i lo[T], hi[T];
         for (int t = 0; t < T; ++t) lo[t] = hi[t] = _mm512_setzero_si512();
@@ -753,32 +771,38 @@ void block_rows(const uint8_t* rec, int64_t blocks, const QuantizedRow* const* x
           unit_dot<T, BITS>(units + u * UNIT, x4, 64 * b + 8 * u, lo, hi);
         else
           unit_dot<T, BITS>(units + u * UNIT, x4, 64 * b + 8 * u, lo, lo);
-        if constexpr (TYPE == kQ6_K) {  // two 16-input groups per unit, codes offset by 32
-          const __m512i sc_lo = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 + 32 * u)));
-          const __m512i sc_hi = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 48 + 32 * u)));
-          for (int t = 0; t < T; ++t) {
-            const int32_t* s16 = xr[t]->sums.data() + 16 * b + 2 * u;
-            const __m512i a = _mm512_sub_epi32(lo[t], _mm512_set1_epi32(32 * s16[0]));
-            const __m512i c = _mm512_sub_epi32(hi[t], _mm512_set1_epi32(32 * s16[1]));
-            sumi[t] = _mm512_add_epi32(sumi[t], _mm512_add_epi32(_mm512_mullo_epi32(a, sc_lo), _mm512_mullo_epi32(c, sc_hi)));
-          }
+        if constexpr (TYPE == kQ6_K) {  // two 16-input groups per unit (their scales one 16-bit pair)
+          const __m512i pair = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 + 32 * u)));
+          const __m512i sc_lo = _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16), sc_hi = _mm512_srai_epi32(pair, 16);
+          for (int t = 0; t < T; ++t)
+            sumi[t] = _mm512_add_epi32(sumi[t], _mm512_add_epi32(_mm512_mullo_epi32(lo[t], sc_lo), _mm512_mullo_epi32(hi[t], sc_hi)));
         } else {
           const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 64 + 16 * u)));
-          const __m512i mn = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 192 + 16 * u)));
-          for (int t = 0; t < T; ++t) {
-            const int32_t* s16 = xr[t]->sums.data() + 16 * b + 2 * u;
-            const __m512i dot = SPLIT ? _mm512_add_epi32(lo[t], hi[t]) : lo[t];
-            sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(dot, sc));
-            summ[t] = _mm512_add_epi32(summ[t], _mm512_mullo_epi32(mn, _mm512_set1_epi32(s16[0] + s16[1])));
-          }
+          for (int t = 0; t < T; ++t)
+            sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(SPLIT ? _mm512_add_epi32(lo[t], hi[t]) : lo[t], sc));
         }
+      }
+      // The terms that do not depend on the codes, from the rows' code sums (exact integers, so the same
+      // sums as unit by unit): Q6_K's offset, sum of 32 sc x per 16 inputs, taken from sumi; Q4_K/Q5_K's
+      // mins, sum of mn x per 32 inputs, scaled by dmin. Sixteen-bit pairs: one VPDPWSSD per two sub-blocks.
+      __m512i offset[T];
+      for (int t = 0; t < T; ++t) offset[t] = _mm512_setzero_si512();
+      constexpr int PAIRS = TYPE == kQ6_K ? 8 : 4;
+      for (int i = 0; i < PAIRS; ++i) {
+        const uint8_t* at = rec + (TYPE == kQ6_K ? 32 : 192) + 32 * i;
+        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
+        const __m512i pair = TYPE == kQ6_K ? _mm512_cvtepi8_epi16(bytes) : _mm512_cvtepu8_epi16(bytes);
+        for (int t = 0; t < T; ++t)
+          offset[t] = _mm512_dpwssd_epi32(offset[t], pair, _mm512_set1_epi32((TYPE == kQ6_K ? xr[t]->pairs16 : xr[t]->pairs32)[PAIRS * b + i]));
       }
       for (int t = 0; t < T; ++t) {
         const __m512 dx = _mm512_set1_ps(xr[t]->d[b]);
-        acc_y[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(sumi[t]), acc_y[t]);
-        if constexpr (TYPE != kQ6_K) {
+        if constexpr (TYPE == kQ6_K) {
+          acc_y[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(_mm512_sub_epi32(sumi[t], _mm512_slli_epi32(offset[t], 5))), acc_y[t]);
+        } else {
+          acc_y[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(sumi[t]), acc_y[t]);
           const __m512 dmin = load_fp16x16(rec + 32);
-          acc_y[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(summ[t]), acc_y[t]);
+          acc_y[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(offset[t]), acc_y[t]);
         }
       }
     }
