@@ -1,4 +1,5 @@
-"""Microbenchmark of speclm's CPU kernels against the torch ops they replace, on SmolLM2-135M's shapes
+"""Microbenchmark of speclm's CPU kernels against the torch ops they replace, on SmolLM2-135M's shapes (and
+Qwen2.5-1.5B's attention)
 (`python -m speclm.bench.kernels --threads 2`; writes benchmarks/kernels.{json,md})."""
 
 from __future__ import annotations
@@ -80,8 +81,15 @@ def head_rows(kernels, repeats: int) -> list[dict]:
 
 def attention_rows(kernels, repeats: int) -> list[dict]:
     out = []
-    heads, kv_heads, d = 9, 3, 64
-    for length in (128, 512, 2048):
+    shapes = [(9, 3, 64, (128, 512, 2048)), (12, 2, 128, (512, 2048))]  # SmolLM2-135M; Qwen2.5-1.5B (the real pair)
+    for heads, kv_heads, d, lengths in shapes:
+        out += attention_shape(heads, kv_heads, d, lengths, repeats)
+    return out
+
+
+def attention_shape(heads: int, kv_heads: int, d: int, lengths: tuple[int, ...], repeats: int) -> list[dict]:
+    out = []
+    for length in lengths:
         keys, values = torch.randn(kv_heads, length, d), torch.randn(kv_heads, length, d)
         for m in ROWS:
             q = torch.randn(heads, m, d)
@@ -99,7 +107,8 @@ def attention_rows(kernels, repeats: int) -> list[dict]:
                 ],
                 repeats,
             )
-            out.append({"op": f"attention 9 heads, {length} keys", "rows": m, "speclm_us": ours, "torch_us": theirs})
+            op = f"attention {heads} heads ({kv_heads} kv, dim {d}), {length} keys"
+            out.append({"op": op, "rows": m, "speclm_us": ours, "torch_us": theirs})
     return out
 
 
@@ -121,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(os.path.join(args.out, "kernels.json"), {"command": command, "machine": machine, "records": records})
     lines = [
         *header_lines(
-            "speclm CPU kernels vs the torch ops they replace (SmolLM2-135M shapes)",
+            "speclm CPU kernels vs the torch ops they replace (SmolLM2-135M shapes, Qwen2.5-1.5B attention)",
             command,
             machine,
             ". Cache-warm microbenchmark (the same weights every call; in a model the int4 weights come from "

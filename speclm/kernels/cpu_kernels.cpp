@@ -3,8 +3,9 @@
 // Why our own: exact speculative decoding needs a verification row's logits to equal, bit for bit,
 // the logits plain decoding computes for that token. torch's SDPA accumulates a many-row call in
 // another order than a one-row call, so speclm made one SDPA call per verified row (about 55 us per
-// call per layer here). attend_rows computes every (row, head) pair alone with the same loop,
-// whatever the number of rows, so one call serves decoding, verification and token trees alike.
+// call per layer here). attend_rows computes every (row, head) pair with the same operations in the
+// same order, whatever the number of rows (the query heads that share a kv head go through its keys
+// together, which changes no result), so one call serves decoding, verification and token trees alike.
 // rms_norm replaces torch's decomposed rms_norm (six ops, ~40 us per call at decode sizes).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -155,8 +156,99 @@ void attend_one(const float* q, const float* keys, const float* values, int64_t 
   }
 }
 
+constexpr int kMaxGroup = 16;  // heads per attend_group call
+
+// The query rows of several heads that read the same kv head (grouped-query attention) over the same
+// keys, each computed with attend_one<D>'s operations in attend_one<D>'s order, so with its bits: only
+// the loops are interleaved. A block of keys and values is read from memory once for the group and then
+// served from L1 to every head, where one head at a time would stream all of them from L2 per head.
+// q[g], out[g]: head g's query row and output; scores: `group` rows of score_stride floats; acc: `group`
+// rows of D floats (scratch).
+template <int D>
+void attend_group(const float* const* q, int group, const float* keys, const float* values, int64_t key_stride,
+                  const int64_t* slots, int64_t length, float scale, float* scores, int64_t score_stride, float* acc,
+                  float* const* out) {
+  constexpr int V = D / 16;
+  constexpr int64_t kBlock = 32;  // keys whose values stay in L1 while every head adds them up
+  float max_score[kMaxGroup];
+  for (int g = 0; g < group; ++g) max_score[g] = -INFINITY;
+  float16v block_max[kMaxGroup];
+  for (int g = 0; g < group; ++g) block_max[g] = float16v{} - INFINITY;  // as attend_one: not from `scores`
+  int64_t j = 0;
+  for (; j + 16 <= length; j += 16) {
+    for (int g = 0; g < group; ++g) {
+      float16v qv[V];
+      for (int c = 0; c < V; ++c) qv[c] = load16(q[g] + 16 * c);
+      float16v parts[16];
+      for (int t = 0; t < 16; ++t) {
+        const float* k = keys + (slots ? slots[j + t] : j + t) * key_stride;
+        float16v a = qv[0] * load16(k);
+        for (int c = 1; c < V; ++c) a += qv[c] * load16(k + 16 * c);
+        parts[t] = a;
+      }
+      const float16v s = sum16x16(parts) * scale;
+      std::memcpy(scores + g * score_stride + j, &s, sizeof(s));
+      block_max[g] = s > block_max[g] ? s : block_max[g];
+    }
+  }
+  for (int g = 0; g < group; ++g) {
+    for (int t = 0; t < 16; ++t) max_score[g] = block_max[g][t] > max_score[g] ? block_max[g][t] : max_score[g];
+    float16v qv[V];
+    for (int c = 0; c < V; ++c) qv[c] = load16(q[g] + 16 * c);
+    float* sg = scores + g * score_stride;
+    for (int64_t r = j; r < length; ++r) {
+      const float* k = keys + (slots ? slots[r] : r) * key_stride;
+      float16v a = qv[0] * load16(k);
+      for (int c = 1; c < V; ++c) a += qv[c] * load16(k + 16 * c);
+      sg[r] = sum16(a) * scale;
+      max_score[g] = sg[r] > max_score[g] ? sg[r] : max_score[g];
+    }
+    for (int64_t r = 0; r < length; r += 16) {
+      const float16v e = exp_nonpositive(load16(sg + r) - max_score[g]);
+      std::memcpy(sg + r, &e, sizeof(e));
+    }
+    std::memset(acc + g * D, 0, sizeof(float) * D);
+  }
+  for (int64_t b = 0; b < length; b += kBlock) {
+    const int64_t e = std::min(length, b + kBlock);
+    for (int g = 0; g < group; ++g) {
+      float16v a[V];
+      for (int c = 0; c < V; ++c) a[c] = load16(acc + g * D + 16 * c);
+      const float* sg = scores + g * score_stride;
+      for (int64_t r = b; r < e; ++r) {
+        const float* v = values + (slots ? slots[r] : r) * key_stride;
+        const float p = sg[r];
+        for (int c = 0; c < V; ++c) a[c] += p * load16(v + 16 * c);
+      }
+      std::memcpy(acc + g * D, a, sizeof(a));
+    }
+  }
+  for (int g = 0; g < group; ++g) {
+    const float* sg = scores + g * score_stride;
+    float total = 0.0f;
+    for (int64_t r = 0; r < length; ++r) total += sg[r];  // in key order
+    const float inv = 1.0f / total;
+    for (int c = 0; c < V; ++c) {
+      const float16v r = load16(acc + g * D + 16 * c) * inv;
+      std::memcpy(out[g] + 16 * c, &r, sizeof(r));
+    }
+  }
+}
+
 using AttendOne = void (*)(const float*, const float*, const float*, int64_t, const int64_t*, int64_t, int64_t,
                            float, float*, float*);
+
+using AttendGroup = void (*)(const float* const*, int, const float*, const float*, int64_t, const int64_t*, int64_t,
+                             float, float*, int64_t, float*, float* const*);
+
+AttendGroup attend_group_for(int64_t head_dim) {
+  switch (head_dim) {
+    case 64: return attend_group<64>;
+    case 128: return attend_group<128>;
+    case 32: return attend_group<32>;
+    default: return nullptr;
+  }
+}
 
 AttendOne attend_one_for(int64_t head_dim) {
   switch (head_dim) {
@@ -221,16 +313,38 @@ at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& keys, const at::Te
   const int64_t slot_row = indexed ? slots_c.size(1) : 0;
   const int64_t group = heads / kv_heads;
   const int64_t qs0 = q.stride(0), qs1 = q.stride(1), ks0 = keys.stride(0), ks1 = keys.stride(1);
-  // One task = one (head, row) pair, computed start to end by one thread: the result cannot depend
-  // on how many rows share the call or how the tasks are spread over threads.
+  // One task = one row and some of the query heads of one kv head, computed start to end by one thread,
+  // every (head, row) pair with the same operations in the same order whatever the grouping: the result
+  // cannot depend on how many rows share the call or how the tasks are spread over threads. A kv head's
+  // query heads go in as few tasks as keep every thread busy (a one-row pass has only kv_heads rows of work).
+  const AttendGroup attend_grouped = attend_group_for(head_dim);
   const AttendOne attend = attend_one_for(head_dim);
-  at::parallel_for(0, heads * n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores((max_length + 15) / 16 * 16, 0.0f);
+  const int64_t threads = at::get_num_threads();
+  int64_t parts = std::max<int64_t>(1, (2 * threads + kv_heads * n - 1) / (kv_heads * n));
+  parts = std::min(group, std::max(parts, (group + kMaxGroup - 1) / kMaxGroup));
+  const int64_t per_part = (group + parts - 1) / parts;
+  const int64_t score_stride = (max_length + 15) / 16 * 16;
+  at::parallel_for(0, kv_heads * n * parts, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(per_part * score_stride, 0.0f), acc(per_part * std::max<int64_t>(head_dim, 1));
+    const float* qs[kMaxGroup];
+    float* outs[kMaxGroup];
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t h = task / n, i = task % n;
-      const int64_t kvh = h / group;
-      attend(qp + h * qs0 + i * qs1, kp + kvh * ks0, vp + kvh * ks0, ks1, sp ? sp + table_row[i] * slot_row : nullptr,
-                 length_of[i], head_dim, static_cast<float>(scale), scores.data(), op + (i * heads + h) * head_dim);
+      const int64_t kvh = task / (n * parts), i = task / parts % n, part = task % parts;
+      const int64_t h0 = kvh * group + part * per_part, h1 = std::min(kvh * group + group, h0 + per_part);
+      if (h1 <= h0) continue;
+      const int64_t* row_slots = sp ? sp + table_row[i] * slot_row : nullptr;
+      if (attend_grouped == nullptr) {
+        for (int64_t h = h0; h < h1; ++h)
+          attend(qp + h * qs0 + i * qs1, kp + kvh * ks0, vp + kvh * ks0, ks1, row_slots, length_of[i], head_dim,
+                 static_cast<float>(scale), scores.data(), op + (i * heads + h) * head_dim);
+        continue;
+      }
+      for (int64_t h = h0; h < h1; ++h) {
+        qs[h - h0] = qp + h * qs0 + i * qs1;
+        outs[h - h0] = op + (i * heads + h) * head_dim;
+      }
+      attend_grouped(qs, static_cast<int>(h1 - h0), kp + kvh * ks0, vp + kvh * ks0, ks1, row_slots, length_of[i],
+                     static_cast<float>(scale), scores.data(), score_stride, acc.data(), outs);
     }
   });
   return out;
