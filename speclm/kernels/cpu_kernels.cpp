@@ -1,4 +1,4 @@
-// speclm's CPU kernels: attention rows computed one query at a time in a fixed order, and RMSNorm.
+// speclm's CPU kernels: attention rows computed in a fixed order whatever the number of rows, and RMSNorm.
 //
 // Why our own: exact speculative decoding needs a verification row's logits to equal, bit for bit,
 // the logits plain decoding computes for that token. torch's SDPA accumulates a many-row call in
@@ -78,53 +78,17 @@ inline float16v sum16x16(const float16v* v) {
          __builtin_shufflevector(z[0], z[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
-// One query row of one head over its keys: softmax(q.k * scale) @ v, accumulated in key order.
-// D > 0: head_dim known at compile time (a multiple of 16); D == 0: any head_dim.
-template <int D>
-void attend_one(const float* q, const float* keys, const float* values, int64_t key_stride,
-                const int64_t* slots, int64_t length, int64_t head_dim, float scale, float* scores,
-                float* out) {
+// One query row of one head over its keys: softmax(q.k * scale) @ v, accumulated in key order, for a
+// head_dim that attend_group has no compiled form of (scalar loops).
+void attend_one(const float* q, const float* keys, const float* values, int64_t key_stride, const int64_t* slots,
+                int64_t length, int64_t head_dim, float scale, float* scores, float* out) {
   float max_score = -INFINITY;
-  if constexpr (D > 0) {
-    constexpr int V = D / 16;
-    float16v qv[V];
-    for (int c = 0; c < V; ++c) qv[c] = load16(q + 16 * c);
-    // Whole blocks of 16 keys: 16 partial-sum vectors reduced together (sum16x16), which costs
-    // ~3 shuffles/adds per key instead of sum16's 8. A row's split into blocks and a tail depends
-    // on its length only, so its scores still do not depend on the other rows.
-    int64_t j = 0;
-    // (-inf in every lane. Not derived from `scores`: it holds an earlier row's leftovers, possibly inf or
-    // NaN, and a NaN lane would hide its keys from the maximum; the softmax then shifts by another value,
-    // and the row's result depends on which rows ran before it on this thread.)
-    float16v block_max = float16v{} - INFINITY;
-    for (; j + 16 <= length; j += 16) {
-      float16v parts[16];
-      for (int t = 0; t < 16; ++t) {
-        const float* k = keys + (slots ? slots[j + t] : j + t) * key_stride;
-        float16v acc = qv[0] * load16(k);
-        for (int c = 1; c < V; ++c) acc += qv[c] * load16(k + 16 * c);
-        parts[t] = acc;
-      }
-      const float16v s = sum16x16(parts) * scale;
-      std::memcpy(scores + j, &s, sizeof(s));
-      block_max = s > block_max ? s : block_max;
-    }
-    for (int t = 0; t < 16; ++t) max_score = block_max[t] > max_score ? block_max[t] : max_score;
-    for (; j < length; ++j) {
-      const float* k = keys + (slots ? slots[j] : j) * key_stride;
-      float16v acc = qv[0] * load16(k);
-      for (int c = 1; c < V; ++c) acc += qv[c] * load16(k + 16 * c);
-      scores[j] = sum16(acc) * scale;
-      max_score = scores[j] > max_score ? scores[j] : max_score;
-    }
-  } else {
-    for (int64_t j = 0; j < length; ++j) {
-      const float* k = keys + (slots ? slots[j] : j) * key_stride;
-      float dot = 0.0f;
-      for (int64_t d = 0; d < head_dim; ++d) dot += q[d] * k[d];
-      scores[j] = dot * scale;
-      max_score = scores[j] > max_score ? scores[j] : max_score;
-    }
+  for (int64_t j = 0; j < length; ++j) {
+    const float* k = keys + (slots ? slots[j] : j) * key_stride;
+    float dot = 0.0f;
+    for (int64_t d = 0; d < head_dim; ++d) dot += q[d] * k[d];
+    scores[j] = dot * scale;
+    max_score = scores[j] > max_score ? scores[j] : max_score;
   }
   for (int64_t j = 0; j < length; j += 16) {  // scores has room for whole blocks of 16
     const float16v e = exp_nonpositive(load16(scores + j) - max_score);
@@ -133,35 +97,23 @@ void attend_one(const float* q, const float* keys, const float* values, int64_t 
   float total = 0.0f;
   for (int64_t j = 0; j < length; ++j) total += scores[j];  // in key order
   const float inv = 1.0f / total;
-  if constexpr (D > 0) {
-    constexpr int V = D / 16;
-    float16v acc[V] = {};
-    for (int64_t j = 0; j < length; ++j) {
-      const float* v = values + (slots ? slots[j] : j) * key_stride;
-      const float p = scores[j];
-      for (int c = 0; c < V; ++c) acc[c] += p * load16(v + 16 * c);
-    }
-    for (int c = 0; c < V; ++c) {
-      const float16v r = acc[c] * inv;
-      std::memcpy(out + 16 * c, &r, sizeof(r));
-    }
-  } else {
-    for (int64_t d = 0; d < head_dim; ++d) out[d] = 0.0f;
-    for (int64_t j = 0; j < length; ++j) {
-      const float* v = values + (slots ? slots[j] : j) * key_stride;
-      const float p = scores[j];
-      for (int64_t d = 0; d < head_dim; ++d) out[d] += p * v[d];
-    }
-    for (int64_t d = 0; d < head_dim; ++d) out[d] *= inv;
+  for (int64_t d = 0; d < head_dim; ++d) out[d] = 0.0f;
+  for (int64_t j = 0; j < length; ++j) {
+    const float* v = values + (slots ? slots[j] : j) * key_stride;
+    const float p = scores[j];
+    for (int64_t d = 0; d < head_dim; ++d) out[d] += p * v[d];
   }
+  for (int64_t d = 0; d < head_dim; ++d) out[d] *= inv;
 }
 
 constexpr int kMaxGroup = 16;  // heads per attend_group call
 
-// The query rows of several heads that read the same kv head (grouped-query attention) over the same
-// keys, each computed with attend_one<D>'s operations in attend_one<D>'s order, so with its bits: only
-// the loops are interleaved. A block of keys and values is read from memory once for the group and then
-// served from L1 to every head, where one head at a time would stream all of them from L2 per head.
+// The query rows of several heads that read the same kv head (grouped-query attention), over the same
+// keys: for each, softmax(q.k * scale) @ v accumulated in key order, with head_dim D known at compile time
+// (a multiple of 16). Each head's operations and their order do not depend on the others in the group
+// (only the loops are interleaved), so a (head, row) pair gets the same bits in any group. A block of keys
+// and values is read from memory once for the group and then served from L1 to every head, where one head
+// at a time would stream all of them from L2 per head.
 // q[g], out[g]: head g's query row and output; scores: `group` rows of score_stride floats; acc: `group`
 // rows of D floats (scratch).
 template <int D>
@@ -173,7 +125,13 @@ void attend_group(const float* const* q, int group, const float* keys, const flo
   float max_score[kMaxGroup];
   for (int g = 0; g < group; ++g) max_score[g] = -INFINITY;
   float16v block_max[kMaxGroup];
-  for (int g = 0; g < group; ++g) block_max[g] = float16v{} - INFINITY;  // as attend_one: not from `scores`
+  // (-inf in every lane. Not derived from `scores`: it holds an earlier row's leftovers, possibly inf or
+  // NaN, and a NaN lane would hide its keys from the maximum; the softmax then shifts by another value,
+  // and the row's result depends on which rows ran before it on this thread.)
+  for (int g = 0; g < group; ++g) block_max[g] = float16v{} - INFINITY;
+  // Whole blocks of 16 keys: 16 partial-sum vectors reduced together (sum16x16), which costs ~3
+  // shuffles/adds per key instead of sum16's 8. A row's split into blocks and a tail depends on its
+  // length only, so its scores do not depend on the other rows.
   int64_t j = 0;
   for (; j + 16 <= length; j += 16) {
     for (int g = 0; g < group; ++g) {
@@ -235,9 +193,6 @@ void attend_group(const float* const* q, int group, const float* keys, const flo
   }
 }
 
-using AttendOne = void (*)(const float*, const float*, const float*, int64_t, const int64_t*, int64_t, int64_t,
-                           float, float*, float*);
-
 using AttendGroup = void (*)(const float* const*, int, const float*, const float*, int64_t, const int64_t*, int64_t,
                              float, float*, int64_t, float*, float* const*);
 
@@ -247,15 +202,6 @@ AttendGroup attend_group_for(int64_t head_dim) {
     case 128: return attend_group<128>;
     case 32: return attend_group<32>;
     default: return nullptr;
-  }
-}
-
-AttendOne attend_one_for(int64_t head_dim) {
-  switch (head_dim) {
-    case 64: return attend_one<64>;
-    case 128: return attend_one<128>;
-    case 32: return attend_one<32>;
-    default: return attend_one<0>;
   }
 }
 
@@ -318,7 +264,6 @@ at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& keys, const at::Te
   // cannot depend on how many rows share the call or how the tasks are spread over threads. A kv head's
   // query heads go in as few tasks as keep every thread busy (a one-row pass has only kv_heads rows of work).
   const AttendGroup attend_grouped = attend_group_for(head_dim);
-  const AttendOne attend = attend_one_for(head_dim);
   const int64_t threads = at::get_num_threads();
   int64_t parts = std::max<int64_t>(1, (2 * threads + kv_heads * n - 1) / (kv_heads * n));
   parts = std::min(group, std::max(parts, (group + kMaxGroup - 1) / kMaxGroup));
@@ -335,7 +280,7 @@ at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& keys, const at::Te
       const int64_t* row_slots = sp ? sp + table_row[i] * slot_row : nullptr;
       if (attend_grouped == nullptr) {
         for (int64_t h = h0; h < h1; ++h)
-          attend(qp + h * qs0 + i * qs1, kp + kvh * ks0, vp + kvh * ks0, ks1, row_slots, length_of[i], head_dim,
+          attend_one(qp + h * qs0 + i * qs1, kp + kvh * ks0, vp + kvh * ks0, ks1, row_slots, length_of[i], head_dim,
                  static_cast<float>(scale), scores.data(), op + (i * heads + h) * head_dim);
         continue;
       }
