@@ -23,9 +23,15 @@ from speclm.models.attention import BatchEntry
 LAYERS = ("python", "native")
 
 
-def measure(runner, variants: list[tuple[int, str]], rows: list[int], context: int, rounds: int) -> list[dict]:
+def distances(prefetch: str) -> tuple[int, int]:
+    """A variant's prefetch bytes: "D" (every pass) or "D1/DN" (passes over one row / over several)."""
+    one, _, rows = prefetch.partition("/")
+    return int(one), int(rows or one)
+
+
+def measure(runner, variants: list[tuple[str, str]], rows: list[int], context: int, rounds: int) -> list[dict]:
     """Median and best seconds of a pass over `r` new rows after `context` cached tokens, per variant
-    (prefetch bytes, "native" or "python" layers)."""
+    (prefetch bytes as `distances` reads them, "native" or "python" layers)."""
     kernels, model = cpu_kernels(), runner.model
     native = model.native_decoder
     block_size = 16
@@ -36,12 +42,12 @@ def measure(runner, variants: list[tuple[int, str]], rows: list[int], context: i
     def run(r: int) -> None:  # the engine's verification pass: r rows, logits for all of them
         runner.forward_batch(cache, [BatchEntry(prompt[context : context + r], context, list(range(context + r)), r)])
 
-    times: dict[tuple[int, str, int], list[float]] = {(d, lay, r): [] for d, lay in variants for r in rows}
-    previous = kernels.gguf_set_prefetch(variants[0][0])
+    times: dict[tuple[str, str, int], list[float]] = {(d, lay, r): [] for d, lay in variants for r in rows}
+    previous = kernels.gguf_set_prefetch(*distances(variants[0][0]))
     try:
         for round_ in range(rounds + 1):
             for d, layers in variants:
-                kernels.gguf_set_prefetch(d)
+                kernels.gguf_set_prefetch(*distances(d))
                 model.native_decoder = native if layers == "native" else None
                 for r in rows:
                     t0 = time.perf_counter()
@@ -49,7 +55,7 @@ def measure(runner, variants: list[tuple[int, str]], rows: list[int], context: i
                     if round_:  # round 0 warms up
                         times[d, layers, r].append(time.perf_counter() - t0)
     finally:
-        kernels.gguf_set_prefetch(previous)
+        kernels.gguf_set_prefetch(*previous)
         model.native_decoder = native
     return [
         {
@@ -103,8 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--variants",
-        default="0:python,2048:python,0:native,1024:native,2048:native,3072:native,4096:native",
-        help="comma-separated PREFETCH_BYTES:LAYERS (layers: native or python); the first is the baseline",
+        default="0:python,2048:python,0:native,1024:native,2048:native,3072:native,4096:native,2048/3072:native",
+        help="comma-separated PREFETCH_BYTES:LAYERS (layers: native or python); the first is the baseline. "
+        "PREFETCH_BYTES is one distance for every pass or ONE_ROW/SEVERAL_ROWS (the kernels' default: 2048/3072)",
     )
     parser.add_argument("--rows", default="1,5,6", help="rows per pass: 1 (decoding) and K+1 (verification of K)")
     parser.add_argument("--context", type=int, default=256, help="tokens already cached")
@@ -113,11 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="pass_cost")
     args = parser.parse_args(argv)
     try:
-        variants = [(int(v.split(":")[0]), v.split(":")[1]) for v in args.variants.split(",")]
+        variants = [(v.split(":")[0], v.split(":")[1]) for v in args.variants.split(",")]
+        bytes_ = [b for d, _ in variants for b in distances(d)]
         rows = sorted({int(r) for r in args.rows.split(",")} | {1})
     except (ValueError, IndexError):
         parser.error(f"--variants takes BYTES:LAYERS items and --rows integers, got {args.variants!r}, {args.rows!r}")
-    if any(d < 0 or d % 64 or lay not in LAYERS for d, lay in variants) or min(rows) < 1 or args.rounds < 1:
+    bad_layers = any(lay not in LAYERS for _, lay in variants)
+    if any(b < 0 or b % 64 for b in bytes_) or bad_layers or min(rows) < 1 or args.rounds < 1:
         parser.error("prefetch bytes must be multiples of 64 >= 0, layers native or python, rows >= 1, rounds >= 1")
     kernels = cpu_kernels()
     if kernels is None or not kernels.gguf_available():

@@ -798,7 +798,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("gguf_record_bytes", &gguf_record_bytes, "bytes per repacked record (16 outputs x one GGUF block)");
   m.def("gguf_available", &gguf_available, "whether gguf_matmul was compiled (AVX-512 VNNI)");
-  m.def("gguf_set_prefetch", &gguf_set_prefetch, "bytes gguf_matmul prefetches ahead of the weights (a multiple of 64; 0: none); returns the previous");
+  m.def("gguf_set_prefetch", &gguf_set_prefetch, py::arg("one_row"), py::arg("rows"),
+        "bytes gguf_matmul prefetches ahead of the weights in a pass over one row and over several (multiples of 64; "
+        "0: none); returns the previous two");
   py::class_<GGUFDecoder>(m, "GGUFDecoder", "a GGUF-native model's decoder layers run from C++ (gguf_decoder.cpp)")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, double>())
       .def("add_layer", &GGUFDecoder::add_layer)

@@ -662,19 +662,21 @@ at::Tensor gguf_select_rows(const at::Tensor& packed, int64_t type, int64_t k_in
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
 namespace {
 constexpr int kRows = 6;  // activation rows sharing one pass over a record (a verification of K <= 5 drafts)
-// Bytes ahead of the weights being read that are prefetched (g_prefetch; 0: none): the decoding work per
-// byte leaves too few loads in flight for the hardware prefetcher alone to keep a core's memory stream
-// busy, and a multi-row pass (verification) then pays its compute and its memory time one after the
-// other. The default comes from a sweep on the real pair (`python -m speclm.bench.pass_cost`).
-int64_t g_prefetch = 2048;
+// Bytes ahead of the weights being read that are prefetched (0: none): the decoding work per byte leaves
+// too few loads in flight for the hardware prefetcher alone to keep a core's memory stream busy, and a
+// multi-row pass (verification) then pays its compute and its memory time one after the other. A pass
+// over several rows does more work per byte, so it looks further ahead. The defaults come from a sweep
+// on the real pair (`python -m speclm.bench.pass_cost`).
+int64_t g_prefetch_one_row = 2048, g_prefetch_rows = 3072;
 
 // Integer dot products of one 32-input unit: acc_lo[t] over inputs 0..15, acc_hi[t] over 16..31, per output lane
 // (acc_lo and acc_hi may be the same array: then the whole unit's sum).
 template <int T, int BITS>
-inline void unit_dot(const uint8_t* unit, const uint32_t* const* x4, int64_t quad0, __m512i* acc_lo, __m512i* acc_hi) {
+inline void unit_dot(const uint8_t* unit, const uint32_t* const* x4, int64_t quad0, __m512i* acc_lo, __m512i* acc_hi,
+                     int64_t prefetch) {
   if constexpr (BITS == 8) {
     for (int p = 0; p < 8; ++p) {
-      if (g_prefetch > 0) _mm_prefetch(reinterpret_cast<const char*>(unit + 64 * p + g_prefetch), _MM_HINT_T0);
+      if (prefetch > 0) _mm_prefetch(reinterpret_cast<const char*>(unit + 64 * p + prefetch), _MM_HINT_T0);
       const __m512i v = _mm512_loadu_si512(unit + 64 * p);
       for (int t = 0; t < T; ++t) {
         __m512i& acc = p < 4 ? acc_lo[t] : acc_hi[t];
@@ -690,11 +692,11 @@ inline void unit_dot(const uint8_t* unit, const uint32_t* const* x4, int64_t qua
     high_a = _mm512_loadu_si512(unit + 256);
     high_b = _mm512_loadu_si512(unit + 320);
   }
-  if (g_prefetch > 0 && BITS > 4)  // the high-bit planes after the nibbles
+  if (prefetch > 0 && BITS > 4)  // the high-bit planes after the nibbles
     for (int64_t b = 256; b < (BITS == 6 ? 384 : 320); b += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(unit + b + g_prefetch), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(unit + b + prefetch), _MM_HINT_T0);
   for (int p = 0; p < 4; ++p) {
-    if (g_prefetch > 0) _mm_prefetch(reinterpret_cast<const char*>(unit + 64 * p + g_prefetch), _MM_HINT_T0);
+    if (prefetch > 0) _mm_prefetch(reinterpret_cast<const char*>(unit + 64 * p + prefetch), _MM_HINT_T0);
     const __m512i v = _mm512_loadu_si512(unit + 64 * p);
     __m512i lo = _mm512_and_si512(v, low4);
     __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
@@ -721,7 +723,7 @@ inline __m512 load_fp16x16(const uint8_t* p) {
 
 // y[t][16 outputs] of one output block, over all of the input, for T activation rows.
 template <int T, int64_t TYPE>
-void block_rows(const uint8_t* rec, int64_t blocks, const QuantizedRow* const* xr, float* const* y) {
+void block_rows(const uint8_t* rec, int64_t blocks, const QuantizedRow* const* xr, float* const* y, int64_t prefetch) {
   constexpr int BITS = TYPE == kQ8_0 ? 8 : TYPE == kQ6_K ? 6 : (TYPE == kQ5_0 || TYPE == kQ5_1 || TYPE == kQ5_K) ? 5 : 4;
   constexpr bool K = TYPE == kQ4_K || TYPE == kQ5_K || TYPE == kQ6_K;
   constexpr int64_t PARAMS = TYPE == kQ4_1 || TYPE == kQ5_1 ? 64 : TYPE == kQ6_K ? 288 : K ? 320 : 32;
@@ -735,18 +737,18 @@ void block_rows(const uint8_t* rec, int64_t blocks, const QuantizedRow* const* x
   __m512 acc_y[T];
   for (int t = 0; t < T; ++t) acc_y[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b, rec += RECORD) {
-    if (g_prefetch > 0)
+    if (prefetch > 0)
       for (int64_t off = 0; off < PARAMS; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(rec + off + g_prefetch), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(rec + off + prefetch), _MM_HINT_T0);
     const __m512 d = load_fp16x16(rec);
     const uint8_t* units = rec + PARAMS;
     if constexpr (!K) {  // one 32-input unit per block
       __m512i lo[T], hi[T];
       for (int t = 0; t < T; ++t) lo[t] = hi[t] = _mm512_setzero_si512();
       if constexpr (SPLIT)
-        unit_dot<T, BITS>(units, x4, 8 * b, lo, hi);
+        unit_dot<T, BITS>(units, x4, 8 * b, lo, hi, prefetch);
       else
-        unit_dot<T, BITS>(units, x4, 8 * b, lo, lo);
+        unit_dot<T, BITS>(units, x4, 8 * b, lo, lo, prefetch);
       for (int t = 0; t < T; ++t) {
         const __m512i dot = SPLIT ? _mm512_add_epi32(lo[t], hi[t]) : lo[t];
         const float dx = xr[t]->d[b];
@@ -768,9 +770,9 @@ void block_rows(const uint8_t* rec, int64_t blocks, const QuantizedRow* const* x
         __m512i lo[T], hi[T];
         for (int t = 0; t < T; ++t) lo[t] = hi[t] = _mm512_setzero_si512();
         if constexpr (SPLIT)
-          unit_dot<T, BITS>(units + u * UNIT, x4, 64 * b + 8 * u, lo, hi);
+          unit_dot<T, BITS>(units + u * UNIT, x4, 64 * b + 8 * u, lo, hi, prefetch);
         else
-          unit_dot<T, BITS>(units + u * UNIT, x4, 64 * b + 8 * u, lo, lo);
+          unit_dot<T, BITS>(units + u * UNIT, x4, 64 * b + 8 * u, lo, lo, prefetch);
         if constexpr (TYPE == kQ6_K) {  // two 16-input groups per unit (their scales one 16-bit pair)
           const __m512i pair = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 + 32 * u)));
           const __m512i sc_lo = _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16), sc_hi = _mm512_srai_epi32(pair, 16);
@@ -814,6 +816,7 @@ template <int64_t TYPE>
 void run_type(const uint8_t* packed, int64_t out_blocks, int64_t blocks, int64_t record, const std::vector<QuantizedRow>& xq,
               float* y, int64_t y_stride, int64_t column, int64_t n_out) {
   const int64_t m = static_cast<int64_t>(xq.size());
+  const int64_t prefetch = m > 1 ? g_prefetch_rows : g_prefetch_one_row;
   at::parallel_for(0, out_blocks, 1, [&](int64_t begin, int64_t end) {
     alignas(64) float tail[kRows][16];
     for (int64_t ob = begin; ob < end; ++ob) {
@@ -828,12 +831,12 @@ void run_type(const uint8_t* packed, int64_t out_blocks, int64_t blocks, int64_t
         }
         const uint8_t* rec = packed + ob * blocks * record;
         switch (rows) {
-          case 1: block_rows<1, TYPE>(rec, blocks, xr, out); break;
-          case 2: block_rows<2, TYPE>(rec, blocks, xr, out); break;
-          case 3: block_rows<3, TYPE>(rec, blocks, xr, out); break;
-          case 4: block_rows<4, TYPE>(rec, blocks, xr, out); break;
-          case 5: block_rows<5, TYPE>(rec, blocks, xr, out); break;
-          default: block_rows<6, TYPE>(rec, blocks, xr, out); break;
+          case 1: block_rows<1, TYPE>(rec, blocks, xr, out, prefetch); break;
+          case 2: block_rows<2, TYPE>(rec, blocks, xr, out, prefetch); break;
+          case 3: block_rows<3, TYPE>(rec, blocks, xr, out, prefetch); break;
+          case 4: block_rows<4, TYPE>(rec, blocks, xr, out, prefetch); break;
+          case 5: block_rows<5, TYPE>(rec, blocks, xr, out, prefetch); break;
+          default: block_rows<6, TYPE>(rec, blocks, xr, out, prefetch); break;
         }
         if (partial)
           for (int t = 0; t < rows; ++t)
@@ -851,14 +854,16 @@ constexpr bool kGgufAvailable = false;
 
 bool gguf_available() { return kGgufAvailable; }
 
-int64_t gguf_set_prefetch(int64_t distance) {
-  TORCH_CHECK(distance >= 0 && distance % 64 == 0, "gguf_set_prefetch: a multiple of 64 bytes, >= 0");
+std::vector<int64_t> gguf_set_prefetch(int64_t one_row, int64_t rows) {
+  TORCH_CHECK(one_row >= 0 && one_row % 64 == 0 && rows >= 0 && rows % 64 == 0,
+              "gguf_set_prefetch: multiples of 64 bytes, >= 0");
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
-  const int64_t previous = g_prefetch;
-  g_prefetch = distance;
+  std::vector<int64_t> previous{g_prefetch_one_row, g_prefetch_rows};
+  g_prefetch_one_row = one_row;
+  g_prefetch_rows = rows;
   return previous;
 #else
-  return distance;
+  return {one_row, rows};
 #endif
 }
 

@@ -18,4 +18,5 @@ std::vector<at::Tensor> gguf_quantize_activations(const at::Tensor& x, bool k_qu
 int64_t gguf_record_bytes(int64_t type);
 at::Tensor gguf_select_rows(const at::Tensor& packed, int64_t type, int64_t k_in, const at::Tensor& rows);
 bool gguf_available();
-int64_t gguf_set_prefetch(int64_t distance);  // bytes prefetched ahead of the weights; returns the previous
+// Bytes prefetched ahead of the weights in a pass over one row and over several; returns the previous two.
+std::vector<int64_t> gguf_set_prefetch(int64_t one_row, int64_t rows);

@@ -144,16 +144,17 @@ def test_prefetch_distance_changes_no_result():
     raws = {k: torch.from_numpy(raw_tensor(k, 40, 512, rng)) for k in NATIVE_TYPES}
     layers = [GGUFLinear([Segment.from_raw(k, raw)], 512) for k, raw in raws.items()]
     x = torch.randn(6, 512, generator=torch.Generator().manual_seed(2))
-    previous = kernels.gguf_set_prefetch(0)
+    previous = kernels.gguf_set_prefetch(0, 0)
     try:
-        plain = [layer(x) for layer in layers]
+        plain = [(layer(x), layer(x[:1])) for layer in layers]  # a pass over several rows and over one
         for distance in (64, 2048, 1 << 20):
-            kernels.gguf_set_prefetch(distance)
-            assert all(torch.equal(layer(x), y) for layer, y in zip(layers, plain, strict=True))
-        with pytest.raises(RuntimeError, match="multiple of 64"):
-            kernels.gguf_set_prefetch(100)
+            kernels.gguf_set_prefetch(distance, distance)
+            for layer, (rows, one) in zip(layers, plain, strict=True):
+                assert torch.equal(layer(x), rows) and torch.equal(layer(x[:1]), one)
+        with pytest.raises(RuntimeError, match="multiples of 64"):
+            kernels.gguf_set_prefetch(100, 64)
     finally:
-        kernels.gguf_set_prefetch(previous)
+        kernels.gguf_set_prefetch(*previous)
 
 
 def test_fused_segments_of_different_types_and_row_order():
