@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from speclm.compress.rtn import (
+    Fit,
     QuantizedWeight,
     QuantScheme,
     find_params,
@@ -34,13 +35,15 @@ def gptq(
     block_size: int = 128,
     percdamp: float = 0.01,
     act_order: bool = False,
+    fit: Fit = find_params,
 ) -> QuantizedWeight:
     """Quantize `weight` minimising ||(W - Q) X||^2 for inputs with Hessian `h`.
 
     Lazy batch updates: columns are processed in blocks, the error of a block is applied to the
     remaining columns in one matmul. With act_order, columns go in descending Hessian-diagonal
     order and group params are fitted up front on the original weights ("static groups"), so the
-    stored groups stay contiguous in the original column order.
+    stored groups stay contiguous in the original column order. `fit` gives a group's scale and zero
+    (default: the min/max fit of `find_params`).
     """
     w = weight.detach().float().clone()
     rows, cols = w.shape
@@ -51,7 +54,7 @@ def gptq(
     width = scheme.group_width(cols)
     static = act_order or scheme.group_size == 0
     if static:
-        scale, zero = group_params(w[:, torch.argsort(perm)], scheme)  # in original column order
+        scale, zero = group_params(w[:, torch.argsort(perm)], scheme, fit)  # in original column order
     else:
         scale = torch.zeros(rows, scheme.num_groups(cols))
         zero = torch.zeros_like(scale)
@@ -68,7 +71,7 @@ def gptq(
             col = i1 + i
             if not static and col % width == 0:
                 g = col // width
-                scale[:, g], zero[:, g] = find_params(w1[:, i : i + width], scheme)
+                scale[:, g], zero[:, g] = fit(w1[:, i : i + width], scheme)
             g = int(perm[col]) // width
             q = quantize_column(w1[:, i], scale[:, g], zero[:, g], scheme.maxq)
             q1[:, i] = q

@@ -6,13 +6,17 @@ Every scheme stores unsigned integers q in [0, 2^bits - 1] with a scale and zero
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from speclm.models.qformat import QuantScheme, dequantize, expand
 
-__all__ = ["QuantScheme", "QuantizedWeight", "dequantize", "expand", "find_params", "group_params", "rtn"]
+__all__ = ["Fit", "QuantScheme", "QuantizedWeight", "dequantize", "expand", "find_params", "group_params", "rtn"]
+
+# How a group's scale and zero [rows] are fitted to its columns w [rows, cols].
+Fit = Callable[[torch.Tensor, QuantScheme], tuple[torch.Tensor, torch.Tensor]]
 
 
 def find_params(w: torch.Tensor, scheme: QuantScheme) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,10 +31,10 @@ def find_params(w: torch.Tensor, scheme: QuantScheme) -> tuple[torch.Tensor, tor
     return scale, torch.round(-lo / scale).clamp(0, scheme.maxq)
 
 
-def group_params(w: torch.Tensor, scheme: QuantScheme) -> tuple[torch.Tensor, torch.Tensor]:
+def group_params(w: torch.Tensor, scheme: QuantScheme, fit: Fit = find_params) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale and zero [rows, num_groups] fitted to every group of w [rows, cols]."""
     width = scheme.group_width(w.shape[1])
-    params = [find_params(w[:, g : g + width], scheme) for g in range(0, w.shape[1], width)]
+    params = [fit(w[:, g : g + width], scheme) for g in range(0, w.shape[1], width)]
     return torch.stack([s for s, _ in params], dim=1), torch.stack([z for _, z in params], dim=1)
 
 

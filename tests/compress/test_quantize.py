@@ -119,6 +119,30 @@ def test_gptq_lazy_batches_equal_the_unblocked_reference(scheme, block_size):
     assert same.float().mean() > 0.995, same.float().mean()
 
 
+def signed_max_fit(w: torch.Tensor, scheme: QuantScheme) -> tuple[torch.Tensor, torch.Tensor]:
+    """GGUF Q4_0's rule: the weight of largest magnitude / -2^(bits-1), so it lands on a code exactly."""
+    half = 2 ** (scheme.bits - 1)
+    big = torch.gather(w, 1, w.abs().argmax(dim=1, keepdim=True)).squeeze(1)
+    return big / -half, torch.full_like(big, float(half))
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_gptq_uses_the_given_group_fit(act_order):
+    """With a diagonal Hessian no error spreads, so GPTQ is round-to-nearest on the grid its `fit` chose."""
+    scheme = QuantScheme(3, 16, True)
+    w = torch.randn(24, 64, generator=torch.Generator().manual_seed(5))
+    h = torch.diag(torch.rand(64, generator=torch.Generator().manual_seed(6)) + 0.5)
+    qw = gptq(w, h, scheme, act_order=act_order, fit=signed_max_fit)
+    scale = torch.stack([signed_max_fit(w[:, g : g + 16], scheme)[0] for g in range(0, 64, 16)], dim=1)
+    torch.testing.assert_close(qw.scale, scale)
+    s = expand(scale, 64, scheme)
+    torch.testing.assert_close(qw.dequantize(), (torch.clamp(torch.round(w / s) + 4, 0, 7) - 4) * s)
+    # all 8 levels are used (step absmax / 4), not the default fit's 7 (absmax / 3)
+    assert int(qw.q.min()) == 0 and int(qw.q.max()) == 7
+    default = gptq(w, h, scheme, act_order=act_order).dequantize()
+    assert not torch.allclose(default, qw.dequantize())
+
+
 def test_awq_loss_from_the_gram_matrix_equals_the_direct_output_error():
     x = correlated_inputs(n=300, cin=48)
     delta = torch.randn(20, 48, generator=torch.Generator().manual_seed(4)) * 0.01
