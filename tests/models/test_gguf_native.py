@@ -93,6 +93,13 @@ def test_native_type_equals_the_gguf_package_and_is_row_invariant(kind):
     np.testing.assert_allclose(y.numpy(), exact, rtol=2e-6, atol=2e-6 * np.abs(exact).max())
     alone = torch.cat([layer(x[i : i + 1]) for i in range(9)])
     assert torch.equal(y, alone)
+    before = torch.get_num_threads()
+    try:  # nor does the number of threads splitting the output blocks change a bit
+        torch.set_num_threads(1)
+        one_thread = layer(x)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(y, one_thread)
 
 
 def test_tensors_packed_into_an_arena_equal_a_buffer_of_their_own():
