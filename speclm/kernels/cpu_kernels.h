@@ -7,3 +7,4 @@ at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& keys, const at::Te
 at::Tensor rope_qkv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin, int64_t heads,
                     int64_t kv_heads, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor silu_mul(const at::Tensor& gate_up);

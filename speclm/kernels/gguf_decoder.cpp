@@ -2,7 +2,7 @@
 // passes over its paged pool and a draft model's over its contiguous cache. The Python loop over
 // layers makes ~14 torch and kernel calls per layer through the interpreter, which a one-token pass of
 // a small draft model feels (benchmarks/pass_cost_*.md). This loop calls the same kernels and ATen ops in the same order as
-// speclm/models/layers.py's decoder_layer (rms_norm, gguf_matmul, rope_qkv, attend_rows, silu, mul,
+// speclm/models/layers.py's decoder_layer (rms_norm, gguf_matmul, rope_qkv, attend_rows, silu_mul,
 // add), so its results are the Python path's bit for bit (tests/models/test_gguf_decoder.py).
 #include "gguf_decoder.h"
 
@@ -57,8 +57,7 @@ at::Tensor GGUFDecoder::run(const at::Tensor& x_in, const at::Tensor& cos, const
     x = x + gguf_matmul(attended, layer.o.packed, layer.o.types, layer.o.sizes, layer.o.bias);
     const at::Tensor gate_up = gguf_matmul(rms_norm(x, layer.post_norm, eps_), layer.gate_up.packed, layer.gate_up.types,
                                        layer.gate_up.sizes, layer.gate_up.bias);
-    const at::Tensor act = at::silu(gate_up.narrow(1, 0, intermediate_)) * gate_up.narrow(1, intermediate_, intermediate_);
-    x = x + gguf_matmul(act, layer.down.packed, layer.down.types, layer.down.sizes, layer.down.bias);
+    x = x + gguf_matmul(silu_mul(gate_up), layer.down.packed, layer.down.types, layer.down.sizes, layer.down.bias);
   }
   return x;
 }

@@ -51,9 +51,10 @@ class RMSNorm(nn.Module):
 
 def swiglu(x: torch.Tensor, gate_up_proj: TensorFn, down_proj: TensorFn, intermediate_size: int) -> torch.Tensor:
     """SwiGLU feed-forward with a fused gate/up projection (silu and product in one kernel call for
-    bf16 activations on the CPU)."""
+    bf16 and fp32 activations on the CPU)."""
     gate_up = gate_up_proj(x)
-    kernels = decode_kernels(gate_up, torch.bfloat16) if gate_up.dim() == 2 and gate_up.stride(-1) == 1 else None
+    fits = gate_up.dim() == 2 and gate_up.stride(-1) == 1 and gate_up.dtype in (torch.bfloat16, torch.float32)
+    kernels = decode_kernels(gate_up, gate_up.dtype) if fits else None
     if kernels is not None:
         return down_proj(kernels.silu_mul(gate_up))
     gate, up = gate_up.split(intermediate_size, dim=-1)

@@ -296,6 +296,20 @@ def test_silu_mul_matches_torchs_bf16_ops(width):
     assert ((out.float() - reference.float()).abs() <= reference.float().abs() * 2**-7 + 1e-30).all()
 
 
+@needs_kernels
+@pytest.mark.parametrize("width", [4864, 172])
+def test_silu_mul_matches_torchs_fp32_ops_to_a_few_ulps(width):
+    g = torch.Generator().manual_seed(9)
+    gate_up = torch.randn(3, 2 * width, generator=g) * 6
+    gate_up[0, :3] = torch.tensor([-200.0, 200.0, 0.0])  # far tails: no overflow
+    gate, up = gate_up.split(width, dim=-1)
+    reference = (F.silu(gate.double()) * up.double()).float()
+    out = kernels.silu_mul(gate_up)
+    assert out.dtype == torch.float32 and out.shape == (3, width)
+    torch.testing.assert_close(out, reference, rtol=1e-6, atol=1e-30)
+    assert out[0, 0].abs() < 1e-30 and out[0, 1] == 200 * up[0, 1] and out[0, 2] == 0
+
+
 def test_layers_on_the_kernels_can_be_deep_copied():
     """The layers keep a flag, not the compiled module (which cannot be copied or pickled)."""
     import copy
