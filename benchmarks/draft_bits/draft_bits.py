@@ -36,21 +36,25 @@ BITS = {"4-bit (Q4_0)": 8, "3-bit": 4, "3-bit, GPTQ layers": 4}  # name -> half 
 GPTQ = "3-bit, GPTQ layers"
 
 
+def signed_max_scale(groups: torch.Tensor, half_levels: int) -> torch.Tensor:
+    """Q4_0's scale per row of `groups`: d = the weight of largest magnitude / -half_levels, rounded to fp16."""
+    big = torch.gather(groups, 1, groups.abs().argmax(dim=1, keepdim=True)).squeeze(1)
+    return (big / -half_levels).half().float()
+
+
 def fake_quantize(w: torch.Tensor, half_levels: int) -> torch.Tensor:
     """w's values after Q4_0's rounding rule with 2 * half_levels levels per 32 inputs (fp16 scale)."""
     groups = w.reshape(-1, 32)
-    big = torch.gather(groups, 1, groups.abs().argmax(dim=1, keepdim=True))
-    d = (big / -half_levels).half().float()
+    d = signed_max_scale(groups, half_levels).unsqueeze(1)
     inverse = torch.where(d != 0, 1 / d, torch.zeros_like(d))
     codes = torch.clamp(torch.trunc(groups * inverse + half_levels + 0.5), 0, 2 * half_levels - 1) - half_levels
     return (codes * d).reshape(w.shape)
 
 
 def signed_max_fit(w: torch.Tensor, scheme: QuantScheme) -> tuple[torch.Tensor, torch.Tensor]:
-    """fake_quantize's grid as GPTQ group params: scale d = the weight of largest magnitude / -half, zero half."""
+    """fake_quantize's grid as GPTQ's group params (scale, zero) for the columns w [rows, cols] of a group."""
     half = 2 ** (scheme.bits - 1)
-    big = torch.gather(w, 1, w.abs().argmax(dim=1, keepdim=True)).squeeze(1)
-    d = (big / -half).half().float()
+    d = signed_max_scale(w, half)
     return torch.where(d == 0, torch.full_like(d, 1e-8), d), torch.full_like(d, float(half))
 
 

@@ -830,7 +830,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "bytes gguf_matmul prefetches ahead of the weights in a pass over one row and over several (multiples of 64; "
         "0: none); returns the previous two");
   py::class_<GGUFDecoder>(m, "GGUFDecoder", "a GGUF-native model's decoder layers run from C++ (gguf_decoder.cpp)")
-      .def(py::init<int64_t, int64_t, int64_t, int64_t, double>())
+      .def(py::init<int64_t, int64_t, int64_t, double>())
       .def("add_layer", &GGUFDecoder::add_layer)
       .def("run", &GGUFDecoder::run, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_layers", &GGUFDecoder::num_layers);

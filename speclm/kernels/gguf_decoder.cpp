@@ -3,7 +3,7 @@
 // layers makes ~14 torch and kernel calls per layer through the interpreter, which a one-token pass of
 // a small draft model feels (benchmarks/pass_cost_*.md). This loop calls the same kernels and ATen ops in the same order as
 // speclm/models/layers.py's decoder_layer (rms_norm, gguf_matmul, rope_qkv, attend_rows, silu_mul,
-// add), so its results are the Python path's bit for bit (tests/models/test_gguf_decoder.py).
+// add), so its results are the Python path's bit for bit (tests/models/test_native_decoder.py).
 #include "gguf_decoder.h"
 
 #include <cmath>
@@ -11,9 +11,9 @@
 #include "cpu_kernels.h"
 #include "gguf_kernels.h"
 
-GGUFDecoder::GGUFDecoder(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps)
-    : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), intermediate_(intermediate), eps_(eps) {
-  TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim > 0 && intermediate > 0,
+GGUFDecoder::GGUFDecoder(int64_t heads, int64_t kv_heads, int64_t head_dim, double eps)
+    : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(eps) {
+  TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim > 0,
               "GGUFDecoder: shapes");
 }
 

@@ -6,7 +6,7 @@
 
 class GGUFDecoder {
  public:
-  GGUFDecoder(int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps);
+  GGUFDecoder(int64_t heads, int64_t kv_heads, int64_t head_dim, double eps);
   // One layer: its two norms' fp32 weights and its four projections (qkv, o, gate_up, down), each as
   // gguf_matmul's segments (packed tensors, type ids, output sizes) and bias (empty: none).
   void add_layer(const at::Tensor& input_norm, const at::Tensor& post_norm,
@@ -27,7 +27,7 @@ class GGUFDecoder {
     at::Tensor input_norm, post_norm;
     Projection qkv, o, gate_up, down;
   };
-  int64_t heads_, kv_heads_, head_dim_, intermediate_;
+  int64_t heads_, kv_heads_, head_dim_;
   double eps_;
   std::vector<Layer> layers_;
 };

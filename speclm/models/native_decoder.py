@@ -21,9 +21,9 @@ def native_decoder(layers) -> object | None:
     if kernels is None or not kernels.gguf_available() or len(layers) == 0:
         return None
     first = layers[0]
-    a, m = first.self_attn, first.mlp
+    a = first.self_attn
     eps = first.input_layernorm.eps
-    decoder = kernels.GGUFDecoder(a.num_heads, a.num_kv_heads, a.head_dim, m.intermediate_size, eps)
+    decoder = kernels.GGUFDecoder(a.num_heads, a.num_kv_heads, a.head_dim, eps)
     for layer in layers:
         projections = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
         norms = (layer.input_layernorm, layer.post_attention_layernorm)
