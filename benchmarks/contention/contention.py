@@ -1,6 +1,6 @@
 """How generation degrades when other processes keep the CPU busy, under each OpenMP wait policy.
 
-python -m speclm.bench.contention [--busy 0,1,2] [--out benchmarks/NAME]
+python benchmarks/contention/contention.py [--busy 0,1,2] [--out benchmarks/contention/NAME]
 
 For each number of busy processes (pure-Python spin loops) and each setting, a fresh process loads the
 default model and times a short chat generation (prefill + decoding) three times; the median is kept.
@@ -66,7 +66,7 @@ def measure(env: dict) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--busy", default="0,1,2", help="comma-separated counts of busy processes (default 0,1,2)")
-    ap.add_argument("--out", default="benchmarks/contention", help="output path without extension")
+    ap.add_argument("--out", default="benchmarks/contention/contention", help="output path without extension")
     args = ap.parse_args()
     rows = []
     for busy in [int(b) for b in args.busy.split(",")]:
@@ -87,7 +87,7 @@ def main() -> int:
                 h.terminate()
     out_dir, name = os.path.split(args.out)
     paths = output_paths(out_dir or ".", name)
-    command = "python -m speclm.bench.contention " + " ".join(sys.argv[1:])
+    command = "python benchmarks/contention/contention.py " + " ".join(sys.argv[1:])
     machine = machine_info()
     write_json(paths["json"], {"command": command, "machine": machine, "rows": rows})
     lines = [

@@ -2,7 +2,7 @@
 engine on the same pair: tokens/s at each concurrency, the per-step cost of the network hops, and what a
 faster link or a GPU target would change (computed from the measured per-step costs).
 
-    python -m speclm.bench.deploy_bench --model T.gguf --draft D.gguf [--prompts 4 --max-tokens 64 ...]
+    python benchmarks/deploy_bench/deploy_bench.py --model T.gguf --draft D.gguf [--prompts 4 --max-tokens 64 ...]
 
 Greedy, fixed K, ignore_eos (every request generates max_tokens): the draft's proposals and so the target's
 steps are the same in both runs, so their time difference per step is the deployment's overhead."""
@@ -30,7 +30,9 @@ GPU_DRAFT_TOKEN_S = 0.003  # one 0.5B draft token on a datacenter GPU
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m speclm.bench.deploy_bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python benchmarks/deploy_bench/deploy_bench.py", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--model", required=True, help="the target model")
     p.add_argument("--draft", required=True, help="the draft model")
     p.add_argument("--tokenizer", default=None)
@@ -39,7 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", default="1,8", help="comma-separated concurrencies (default 1,8)")
     p.add_argument("--k", type=int, default=4, help="draft tokens per step (fixed; default 4)")
     p.add_argument("--threads", type=int, default=2, help="torch threads of every process (default 2)")
-    p.add_argument("--out", default="benchmarks")
+    p.add_argument("--out", default="benchmarks/deploy_bench")
     p.add_argument("--name", default="deploy_bench")
     p.add_argument("--note", default="", help="a line for the report (e.g. that the machine was shared)")
     return p.parse_args(argv)
@@ -285,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(args.model, args.tokenizer)
     texts = [p["text"] for p in load_prompts(CODING_PROMPTS)][: args.prompts]
     prompts = [tokenizer.encode_chat([{"role": "user", "content": t}]) for t in texts]
-    command = "python -m speclm.bench.deploy_bench " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = "python benchmarks/deploy_bench/deploy_bench.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     machine = machine_info()
     inproc = run_in_process(args, prompts, levels)
     print(f"in-process: { ({c: round(r['tokens'] / r['wall_s'], 1) for c, r in inproc.items()}) } tok/s", flush=True)

@@ -2,9 +2,10 @@
 memory, load to first token, greedy agreement (tokens matched before the first divergence, and there
 each engine's logit margin for its own token over the other's) and decoding speed, prompts interleaved.
 
-python -m speclm.bench.gguf_peers --llama-python PYTHON [--models default,target,pair] --out benchmarks/NAME
+python benchmarks/gguf_peers/gguf_peers.py --llama-python PYTHON [--models default,target,pair]
+    --out benchmarks/gguf_peers/NAME
 
-PYTHON is a Python with llama-cpp-python installed (`pip install speclm[bench]`, or a venv of its own so
+PYTHON is a Python with llama-cpp-python installed (`pip install 'speclm[peers]'`, or a venv of its own so
 that llama.cpp's memory is measured without torch); the pair comes from `make pair`.
 """
 
@@ -20,13 +21,13 @@ import sys
 import time
 from pathlib import Path
 
-from speclm.bench.llama_worker import TOP
+from llama_worker import TOP  # its neighbour in benchmarks/gguf_peers/
 
 WORKER = str(Path(__file__).with_name("llama_worker.py"))
 
 
 class Worker:
-    """An engine in its own process (speclm/bench/llama_worker.py's protocol); `spawned_at` for load timing."""
+    """An engine in its own process (benchmarks/gguf_peers/llama_worker.py's protocol); `spawned_at` for load timing."""
 
     def __init__(self, command: list[str], threads: int, env: dict[str, str] | None = None) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -84,7 +85,7 @@ def compare(
     """Both engines on one model (with the draft loaded too when given): memory, load, agreement, speed."""
     for path in [model] + ([draft] if draft else []):
         warm_page_cache(path)
-    speclm_cmd = [sys.executable, "-m", "speclm.bench.speclm_worker", model, str(threads), "auto"]
+    speclm_cmd = [sys.executable, str(Path(__file__).with_name("speclm_worker.py")), model, str(threads), "auto"]
     speclm_cmd += [f"draft:{draft}"] if draft else []
     llama_cmd = [llama_python, WORKER, model, str(threads)] + ([draft] if draft else [])
     result, workers = {}, {}
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     from speclm.models.loader import default_model_path
     from speclm.tokenizer import load_tokenizer
 
-    p = argparse.ArgumentParser(prog="python -m speclm.bench.gguf_peers", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python benchmarks/gguf_peers/gguf_peers.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--llama-python", required=True, help="a Python executable with llama-cpp-python installed")
     p.add_argument("--llama-cpp", default="llama-cpp-python", help="how that llama.cpp was built (for the report)")
     p.add_argument("--models", default="default,target,pair", help="default, target (the 1.5B), pair (+ the 0.5B)")
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label}: {len(prompts)} prompts ...", file=sys.stderr, flush=True)
         results[label] = compare(model, draft, args.llama_python, args.threads, prompts, args.max_tokens)
     report = {
-        "command": "python -m speclm.bench.gguf_peers " + " ".join(argv or sys.argv[1:]),
+        "command": "python benchmarks/gguf_peers/gguf_peers.py " + " ".join(argv or sys.argv[1:]),
         "machine": machine_info(),
         "threads": args.threads,
         "max_tokens": args.max_tokens,

@@ -1,8 +1,8 @@
 """An engine in a process of its own for the peer benchmarks: JSON lines in, JSON lines out.
 
-Run as a script (`python speclm/bench/llama_worker.py MODEL THREADS [DRAFT]`) under any Python that has
+Run as a script (`python benchmarks/gguf_peers/llama_worker.py MODEL THREADS [DRAFT]`) under any Python that has
 llama-cpp-python: it imports neither speclm nor torch, so its memory and load time are llama.cpp's own.
-speclm's worker (speclm/bench/speclm_worker.py) speaks the same protocol:
+speclm's worker (benchmarks/gguf_peers/speclm_worker.py) speaks the same protocol:
 
   {"job": "generate", "ids": [...], "max_tokens": N} -> {"tokens": [...], "seconds": s, "first_token_at": t}
   {"job": "logits", "ids": [...], "then": [...], "candidates": [a, b]} -> {"logits": [la, lb], "top": [k, ...]}

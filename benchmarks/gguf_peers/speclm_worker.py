@@ -1,6 +1,6 @@
-"""speclm as a worker process for the peer benchmarks (the protocol is in speclm/bench/llama_worker.py).
+"""speclm as a worker process for the peer benchmarks (the protocol is in benchmarks/gguf_peers/llama_worker.py).
 
-python -m speclm.bench.speclm_worker MODEL THREADS WEIGHTS [SPEC]
+python benchmarks/gguf_peers/speclm_worker.py MODEL THREADS WEIGHTS [SPEC]
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 import time
 
-from speclm.bench.llama_worker import serve
+from llama_worker import serve  # its neighbour in benchmarks/gguf_peers/
 
 
 class SpeclmEngine:

@@ -1,7 +1,7 @@
 """Why GPTQ can lose to RTN with little calibration data: layer reconstruction error on the
 calibration tokens versus held-out tokens, for one decoder layer of a model.
 
-    python -m speclm.bench.gptq_heldout [--model M] [--layer 3] [--samples 8,32]
+    python benchmarks/gptq_heldout/gptq_heldout.py [--model M] [--layer 3] [--samples 8,32]
 
 Inputs of layer N come from the fp model (layers 0..N-1 unquantized); held-out = 4 windows of the
 summarization articles, calibration = random windows of the other Spec-Bench categories.

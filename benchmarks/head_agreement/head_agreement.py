@@ -1,6 +1,6 @@
 """EAGLE heads' first-draft agreement with the target on the benchmark's own prompts, per category
-(`python -m speclm.bench.head_agreement --heads drafters/eagle-smollm2-135m`; writes
-benchmarks/eagle_agreement.{json,md}).
+(`python benchmarks/head_agreement/head_agreement.py --heads drafters/eagle-smollm2-135m`; writes
+benchmarks/head_agreement/eagle_agreement.{json,md}).
 
 The target answers each prompt greedily (cached like drafter training data, under --data-dir). The
 head then reads the target's true features and tokens of those answers (teacher forcing) and proposes
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", default="int4", help="the target's runtime format (what the heads were trained on)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--data-dir", default=".cache/bench_agreement", help="where the target's answers are cached")
-    p.add_argument("--out", default="benchmarks")
+    p.add_argument("--out", default="benchmarks/head_agreement")
     p.add_argument("--name", default="eagle_agreement")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     command = (
-        f"python -m speclm.bench.head_agreement --heads {args.heads} --per-category {args.per_category} "
+        f"python benchmarks/head_agreement/head_agreement.py --heads {args.heads} --per-category {args.per_category} "
         f"--weights {args.weights} --threads {args.threads} --name {args.name}"
     )
     machine = machine_info()

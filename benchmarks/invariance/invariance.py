@@ -2,7 +2,8 @@
 server, each compared with the same request sent alone to the same server, under several cache
 settings (the defaults, a pool small enough to preempt, an int8 KV cache).
 
-python -m speclm.bench.invariance [--model M] [--weights W] [--streams 32] [--max-tokens 64] --out benchmarks/NAME
+python benchmarks/invariance/invariance.py [--model M] [--weights W] [--streams 32] [--max-tokens 64]
+    --out benchmarks/invariance/NAME
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     from speclm.data import SPECBENCH_PROMPTS, load_prompts
     from speclm.llm import LLM
 
-    p = argparse.ArgumentParser(prog="python -m speclm.bench.invariance", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python benchmarks/invariance/invariance.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
     p.add_argument("--weights", default="fp32", help="runtime format (default fp32, speclm serve's default)")
     p.add_argument("--streams", type=int, default=32)
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [text if i % 3 else prompts[(i + 1) % len(prompts)][:300] + " " + text for i, text in enumerate(prompts)]
     llm = LLM(args.model, weights=args.weights, threads=args.threads)
     results = {name: measure(llm, prompts, args.max_tokens, cache) for name, cache in SETTINGS.items()}
-    command = "python -m speclm.bench.invariance " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python benchmarks/invariance/invariance.py " + " ".join(sys.argv[1:] if argv is None else argv)
     report = {
         "command": command,
         "machine": machine_info(),

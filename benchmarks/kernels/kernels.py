@@ -1,6 +1,6 @@
 """Microbenchmark of speclm's CPU kernels against the torch ops they replace, on SmolLM2-135M's shapes (and
 Qwen2.5-1.5B's attention)
-(`python -m speclm.bench.kernels --threads 2`; writes benchmarks/kernels.{json,md})."""
+(`python benchmarks/kernels/kernels.py --threads 2`; writes benchmarks/kernels/kernels.{json,md})."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=200)
-    p.add_argument("--out", default="benchmarks")
+    p.add_argument("--out", default="benchmarks/kernels")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     kernels = cpu_kernels()
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     records = (
         int4_rows(kernels, args.repeats) + head_rows(kernels, args.repeats) + attention_rows(kernels, args.repeats)
     )
-    command = f"python -m speclm.bench.kernels --threads {args.threads} --repeats {args.repeats}"
+    command = f"python benchmarks/kernels/kernels.py --threads {args.threads} --repeats {args.repeats}"
     machine = machine_info()
     write_json(os.path.join(args.out, "kernels.json"), {"command": command, "machine": machine, "records": records})
     lines = [

@@ -1,8 +1,8 @@
 """KV eviction on the default model: quality, memory and decode speed of StreamingLLM, H2O and SnapKV
 against the full cache, at budgets that are fractions of each sequence.
 
-python -m speclm.bench.kv_eviction [--budgets 0.1,0.25,0.5] [--haystacks 8] [--haystack-tokens 800]
-    [--ppl-docs 1] [--ppl-prefix 200] [--ppl-tokens 800] [--speed-rounds 3] [--out benchmarks/kv_eviction]
+python benchmarks/kv_eviction/kv_eviction.py [--budgets 0.1,0.25,0.5] [--haystacks 8] [--haystack-tokens 800]
+    [--ppl-docs 1] [--ppl-prefix 200] [--ppl-tokens 800] [--speed-rounds 3] [--out benchmarks/kv_eviction/kv_eviction]
 
 Perplexity: the longest Spec-Bench summarization articles (in the repository), each a prompt of
 --ppl-prefix tokens and the rest of the article decoded token by token through the engine with the
@@ -164,7 +164,7 @@ def main() -> int:
     ap.add_argument("--speed-rounds", type=int, default=3, help="rounds of the decode-rate runs (median)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (default 1: the machine is shared)")
-    ap.add_argument("--out", default="benchmarks/kv_eviction", help="output path without extension")
+    ap.add_argument("--out", default="benchmarks/kv_eviction/kv_eviction", help="output path without extension")
     args = ap.parse_args()
     from speclm.llm import LLM
 
@@ -198,7 +198,7 @@ def main() -> int:
 def write_report(args, results: dict, docs: list[list[int]], stacks: list) -> None:
     out_dir, _, name = args.out.rpartition("/")
     paths = output_paths(out_dir or ".", name)
-    command = "python -m speclm.bench.kv_eviction " + " ".join(sys.argv[1:])
+    command = "python benchmarks/kv_eviction/kv_eviction.py " + " ".join(sys.argv[1:])
     machine = machine_info()
     doc_lengths = [len(d) for d in docs]
     stack_lengths = [len(p) for p, _, _ in stacks]

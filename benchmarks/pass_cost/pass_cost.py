@@ -2,7 +2,7 @@
 (verification) per prefetch distance of gguf_matmul and with the native (C++) decoder or the Python
 layers, on a GGUF model.
 
-`python -m speclm.bench.pass_cost --model PATH --threads 2` writes benchmarks/pass_cost.{json,md}. The
+`python benchmarks/pass_cost/pass_cost.py --model PATH --threads 2` writes benchmarks/pass_cost/pass_cost.{json,md}. The
 variants are timed round-robin, so load from other processes hits them alike.
 """
 
@@ -103,7 +103,9 @@ def markdown(records: list[dict], title: str, command: str, machine: dict) -> st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m speclm.bench.pass_cost", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/pass_cost/pass_cost.py", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--model", required=True, help="a GGUF file")
     parser.add_argument("--weights", default="auto", help="runtime format (auto: the file's types; q4_0: drafts)")
     parser.add_argument("--threads", type=int, default=2)
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default="1,5,6", help="rows per pass: 1 (decoding) and K+1 (verification of K)")
     parser.add_argument("--context", type=int, default=256, help="tokens already cached")
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--out", default="benchmarks")
+    parser.add_argument("--out", default="benchmarks/pass_cost")
     parser.add_argument("--name", default="pass_cost")
     args = parser.parse_args(argv)
     try:
@@ -139,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.model} at --weights {args.weights} has layers that are not GGUF-native: no native decoder")
     records = measure(llm.runner, variants, rows, args.context, args.rounds)
     machine = machine_info() | {"load_average_1min": round(os.getloadavg()[0], 2)}
-    command = "python -m speclm.bench.pass_cost " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    command = "python benchmarks/pass_cost/pass_cost.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     title = f"pass cost by prefetch distance and layers: {os.path.basename(args.model)}, --weights {args.weights}"
     title += f", context {args.context}"
     table = markdown(records, title, command, machine)

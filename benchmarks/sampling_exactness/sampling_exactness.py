@@ -1,13 +1,13 @@
 """Sampled speculative decoding on a real model keeps the target's distribution: a G-test.
 
-python -m speclm.bench.sampling_exactness --model T --spec draft:D [--temperature 0.7 --top-k 20]
-    [--samples 1500] --out benchmarks/NAME
+python benchmarks/sampling_exactness/sampling_exactness.py --model T --spec draft:D [--temperature 0.7 --top-k 20]
+    [--samples 1500] --out benchmarks/sampling_exactness/NAME
 
 The first two generated tokens of many seeded runs (speculative, K drafts per step) are counted against
 the target's exact two-token distribution, enumerated over the top-k support with plain forward passes.
 The same counts are also tested against a wrong distribution (the target's at twice the temperature),
 which the test must reject, or it would prove nothing. tests/speculative/test_exactness.py does the same
-on the tiny test model with a broken verifier as the negative control.
+on the tiny test model with a broken verifier as the negative control; the G-test is tests/gtest.py.
 """
 
 from __future__ import annotations
@@ -15,48 +15,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-
-import numpy as np
-import torch
-from scipy.stats import power_divergence
+from pathlib import Path
 
 from speclm.bench.machine import machine_info
 from speclm.bench.report import output_paths, write_json
 from speclm.llm import LLM
-from speclm.models.attention import AttentionMetadata
-from speclm.sample.sampler import processed_probs
 from speclm.sampling_params import SamplingParams
 
+REPO = Path(__file__).resolve().parents[2]
+
 PROMPT = "Write a Python function that returns the n-th Fibonacci number."
-
-
-def exact_pairs(llm: LLM, prompt_ids: list[int], params: SamplingParams) -> dict[tuple[int, int], float]:
-    """P(t1, t2) under the processed distribution, over its support (top-k keeps it small)."""
-    model, n = llm.model, len(prompt_ids)
-    with torch.inference_mode():
-        cache = model.new_cache(n + 1)
-        hidden = model(torch.tensor(prompt_ids), torch.arange(n), cache, AttentionMetadata(0, n))
-        p1 = processed_probs(model.compute_logits(hidden[-1:]), params)[0].double()
-        pairs = {}
-        for t1 in torch.nonzero(p1).flatten().tolist():
-            h = model(torch.tensor([t1]), torch.tensor([n]), cache, AttentionMetadata(n, 1))
-            p2 = processed_probs(model.compute_logits(h), params)[0].double()
-            for t2 in torch.nonzero(p2).flatten().tolist():
-                pairs[(t1, t2)] = float(p1[t1] * p2[t2])
-    return pairs
-
-
-def g_test(counts: dict, probs: dict, total: int) -> float:
-    """G-test p-value; cells expected < 5 pooled, and sampled pairs outside the support counted there."""
-    keys = sorted(probs)
-    expected = np.array([probs[k] for k in keys]) / sum(probs.values()) * total
-    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
-    big = expected >= 5
-    obs = np.append(observed[big], observed[~big].sum() + sum(v for k, v in counts.items() if k not in probs))
-    exp = np.append(expected[big], expected[~big].sum())
-    if exp[-1] == 0:
-        return 0.0 if obs[-1] else float(power_divergence(obs[:-1], exp[:-1], lambda_="log-likelihood").pvalue)
-    return float(power_divergence(obs, exp, lambda_="log-likelihood").pvalue)
 
 
 def main() -> int:
@@ -70,6 +38,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", required=True, help="output path without extension")
     args = ap.parse_args()
+    sys.path.insert(0, str(REPO))  # tests.gtest: the same G-test as the test suite's
+    from tests.gtest import exact_pairs, g_test
+
     base = LLM(args.model, threads=args.threads)
     llm = base.with_spec(args.spec, num_speculative_tokens=args.k, adaptive=False)
     ids = base.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
@@ -89,7 +60,7 @@ def main() -> int:
         if seed % 100 == 99:
             print(f"{seed + 1} samples, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     p_exact, p_wrong = g_test(counts, exact, args.samples), g_test(counts, wrong, args.samples)
-    command = "python -m speclm.bench.sampling_exactness " + " ".join(sys.argv[1:])
+    command = "python benchmarks/sampling_exactness/sampling_exactness.py " + " ".join(sys.argv[1:])
     machine = machine_info()
     report = {
         "command": command,

@@ -214,8 +214,8 @@ def test_openapi_document_promises_what_the_server_answers(server):
 
 
 def test_schemathesis_fuzzing_finds_no_server_error(server):
-    """A bounded run (positive and negative cases per operation); `speclm bench fuzz` runs the long one."""
-    from speclm.bench.fuzz import fuzz_server
+    """A bounded run (positive and negative cases per operation); `python benchmarks/fuzz/fuzz.py` runs the long one."""
+    from tests.fuzz import fuzz_server
 
     url, app = server
     report = fuzz_server(url, examples=40, seed=0)
