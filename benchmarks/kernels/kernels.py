@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     command = f"python benchmarks/kernels/kernels.py --threads {args.threads} --repeats {args.repeats}"
     machine = machine_info()
+    os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "kernels.json"), {"command": command, "machine": machine, "records": records})
     lines = [
         *header_lines(
