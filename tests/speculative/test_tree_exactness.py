@@ -56,7 +56,7 @@ def draft_tables(llm, prompt_ids, params):
 def sample_first_two(llm, proposer, prompt_ids, params, verifier=None):
     engine = engine_with_proposer(llm, proposer, 16)
     if verifier is not None:
-        engine.verifier = verifier
+        engine.processor.verifier = verifier
     counts = torch.zeros((llm.model.config.vocab_size,) * 2, dtype=torch.float64)
     deep = 0
     for seed in range(NUM_SAMPLES):
