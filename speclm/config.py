@@ -14,13 +14,13 @@ SPEC_METHODS_HELP = (
     "budget; eagle topk=1 drafts a chain of K)"
 )
 # draft:PATH options: vocab = size of the draft's output head (0: the whole vocabulary; a distilled draft's
-# own token map wins); weights = the draft's runtime format (see WEIGHTS_HELP below). The defaults are the
-# cheapest draft measured on the real pair (docs/speculation.md); the target verifies, so both are exact.
+# own token map wins); weights = the draft's runtime format (see WEIGHTS_HELP below). The defaults make the
+# cheapest draft of the real pair (measured in docs/speculation.md); the target verifies, so both are exact.
 # branch = T in (0, 1): a token tree with the draft's second choice as a leaf where its first has
 # probability below T (0: a chain).
 DRAFT_OPTIONS = {"vocab": 32768, "weights": "q4_0", "branch": 0.0}
-# Defaults sized for a CPU, where a verification pass over more than ~4 rows costs 2-6x a one-token
-# pass (benchmarks/tree_cost.md) and every draft depth costs an output-head matmul.
+# Defaults sized for a CPU, where a verification pass costs more with every row past a few
+# (benchmarks/tree_cost.md) and every draft depth costs an output-head matmul.
 HEAD_OPTIONS = {"medusa": {"width": 3}, "eagle": {"topk": 2, "beam": 2, "depth": 5}}
 # lookahead:W,N,G default: a window of W future positions, N-grams, up to G pool candidates per step.
 LOOKAHEAD_SHAPE = (5, 3, 3)

@@ -46,9 +46,10 @@ class TeacherForcedEngine(Engine):
     def __init__(self, *args, forced: list[int], **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.forced, self.nll = forced, []
+        self.processor.draw = self._draw
 
-    def _sample(self, state, rows) -> int:
-        logits = rows[0] if isinstance(rows, torch.Tensor) else rows(0)  # [vocab]
+    def _draw(self, state, rows) -> int:
+        logits = rows.row(0)  # [vocab]
         token = self.forced[len(state.tracker.token_ids)]
         self.nll.append(-torch.log_softmax(logits.float(), -1)[token].item())
         return token
@@ -72,7 +73,7 @@ def run_one(engine: Engine, prompt: list[int], params: SamplingParams) -> tuple[
     while engine.has_unfinished():
         for out in engine.step():
             output = out.output or output
-        state = engine._states.get("r#0")
+        state = engine.sequences.get("r#0")
         if state is not None and len(state.seq.output_ids) > 1:  # decoding, past any cut of the prompt
             peak = max(peak, engine.block_manager.num_used_blocks)
     return output, peak

@@ -120,7 +120,7 @@ def test_negative_control_rejects_broken_verifier(stories_llm, perturbed_stories
     _, prompt, params, k = CASES["perturbed-draft"]
     prompt_ids = stories_llm.tokenizer.encode(prompt)
     llm = spec_llm(stories_llm, perturbed_stories_dir, method, k)
-    llm.engine.verifier = ResidualSkippingVerifier()
+    llm.engine.processor.verifier = ResidualSkippingVerifier()
     counts = sample_two_tokens(llm, prompt_ids, params, NUM_SAMPLES)
     pvalue = g_test_pvalue(counts, exact_two_token_distribution(stories_llm, prompt_ids, params))
     assert pvalue < ALPHA, f"the test failed to detect a verifier that skips the residual (p={pvalue:.2e})"
