@@ -132,12 +132,12 @@ def test_a_tensor_packed_a_slice_of_rows_at_a_time_equals_it_packed_whole():
 
 
 def test_the_default_model_loaded_in_slices_equals_it_loaded_whole(monkeypatch):
-    from speclm.models import builder
+    from speclm.models import builder, layer_sources
     from speclm.models.loader import load_checkpoint
 
     monkeypatch.setenv("SPECLM_PACK_CACHE", "off")  # both packed from the file
     whole = builder.build_model(load_checkpoint(None), weights="auto")  # the default model's GGUF file
-    monkeypatch.setattr(builder, "SLICE_BYTES", 1 << 16)  # every matrix in slices of rows
+    monkeypatch.setattr(layer_sources, "SLICE_BYTES", 1 << 16)  # every matrix in slices of rows
     sliced = builder.build_model(load_checkpoint(None), weights="auto")
     for (name, a), (_, b) in zip(whole.named_buffers(), sliced.named_buffers()):
         assert torch.equal(a, b), name
