@@ -13,17 +13,19 @@ SPEC_METHODS_HELP = (
     "elsewhere, chosen per step (lookup=off: the draft model only), the draft drafting over the V most "
     "frequent tokens (default 32768; 0 = all), on FORMAT weights (default q4_0: the draft's numerics never "
     "change the output), as a tree with a second branch where its top probability is below T (default 0: a "
-    "chain), reading of a long prompt only its first S tokens and its last W (default 4 and 512; window=0: "
-    "all of it); medusa/eagle: K is the tree's node budget; eagle topk=1 drafts a chain of K)"
+    "chain), reading of a prompt longer than S+W tokens only its first S and its last W (window=W; default "
+    "window=0: all of it, which kept more drafts accepted; sinks default 4); medusa/eagle: K is the tree's "
+    "node budget; eagle topk=1 drafts a chain of K)"
 )
 # draft:PATH options: vocab = size of the draft's output head (0: the whole vocabulary; a distilled draft's
 # own token map wins); weights = the draft's runtime format (see WEIGHTS_HELP below). The defaults are the
 # cheapest draft measured on the real pair (docs/speculation.md); the target verifies, so both are exact.
 # branch = T in (0, 1): a token tree with the draft's second choice as a leaf where its first has
 # probability below T (0: a chain). window = W, sinks = S: the draft reads only the first S and the last W
-# tokens of a longer prompt (window 0: all of it; benchmarks/draft_window/draft_window.md chose the default).
+# tokens of a longer prompt (window 0, the default: all of it; a window lowered acceptance on rag and
+# summarization prompts, benchmarks/draft_window/draft_window.md).
 # lookup: prompt lookup drafts where it is expected to beat the draft model (speclm/speculative/hybrid.py).
-DRAFT_OPTIONS = {"vocab": 32768, "weights": "q4_0", "branch": 0.0, "window": 512, "sinks": 4, "lookup": True}
+DRAFT_OPTIONS = {"vocab": 32768, "weights": "q4_0", "branch": 0.0, "window": 0, "sinks": 4, "lookup": True}
 # Defaults sized for a CPU, where a verification pass over more than ~4 rows costs 2-6x a one-token
 # pass (benchmarks/tree_cost.md) and every draft depth costs an output-head matmul.
 HEAD_OPTIONS = {"medusa": {"width": 3}, "eagle": {"topk": 2, "beam": 2, "depth": 5}}

@@ -85,9 +85,9 @@ class DraftModelProposer(Proposer):
     With a `window` the draft reads only part of a long prompt: its first `sinks` tokens (attention
     sinks) and its last `window` tokens, then everything generated. The draft's cache holds this
     *view* of the context; the dropped middle keeps its place in the positions (the kept tokens have
-    their real positions, a gap where the middle was), which kept more drafts accepted than
-    renumbering them (`renumber=True`; benchmarks/draft_window/draft_window.md). The target verifies
-    every draft, so what the draft reads never changes the output, only how often it is right.
+    their real positions, a gap where the middle was); renumbering them (`renumber=True`) made no
+    consistent difference (benchmarks/draft_window/draft_window.md). The target verifies every draft,
+    so what the draft reads never changes the output, only how often it is right.
     """
 
     def __init__(

@@ -22,7 +22,7 @@ def test_draft_options_parse_and_default_to_the_hybrid(stories_llm, perturbed_st
     _, options = SpecConfig.parse("draft:/m.gguf,window=256,sinks=8,lookup=off").draft_path_and_options()
     assert (options["window"], options["sinks"], options["lookup"]) == (256, 8, False)
     _, options = SpecConfig.parse("draft:/m.gguf").draft_path_and_options()
-    assert options["lookup"] and options["window"] > 0
+    assert options["lookup"] and options["window"] == 0  # the whole prompt (benchmarks/draft_window)
     for bad in ("lookup=maybe", "window=-1", "sinks=x"):
         with pytest.raises(ValueError, match="bad draft option"):
             SpecConfig.parse(f"draft:/m.gguf,{bad}")
