@@ -4,7 +4,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-PROMPT ?= Write a Python function that checks whether a string is a palindrome.
+# The demo edits a given function (speclm/data/demo_prompt.txt): the answer copies the code, which is where
+# prompt lookup (--spec ngram) pays; PROMPT="..." asks something else.
+PROMPT ?=
 
 .PHONY: install demo test bench clean draft pair
 
@@ -20,7 +22,8 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: install
-	$(BIN)/speclm generate --chat --spec ngram --prompt "$(PROMPT)" --max-tokens 128
+	$(BIN)/speclm generate --chat --spec ngram --compare-ar --max-tokens 128 \
+		$(if $(PROMPT),--prompt "$(PROMPT)",< speclm/data/demo_prompt.txt)
 	@echo
 	@echo "Next: source $(VENV)/bin/activate, then try"
 	@echo "  speclm chat --spec ngram                      # talk to the model; the stats line shows what speculation did"
