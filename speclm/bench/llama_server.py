@@ -12,7 +12,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 
-PEER = "llama-server"  # plain; "llama-server:draft" adds -md DRAFT, "llama-server:TYPE" --spec-type TYPE
+PEER = "llama-server"  # plain; "llama-server:draft" adds -md DRAFT (draft-simple), ":TYPE" --spec-type TYPE
 
 
 def _free_port() -> int:
@@ -54,7 +54,8 @@ class LlamaServerPeer:
         cmd += ["-t", str(self.threads), "-tb", str(self.threads), "-np", str(slots), "-c", str(context * slots)]
         cmd += ["--seed", "0", "--no-webui"]
         if self.kind == "draft":
-            cmd += ["-md", self.draft, "-td", str(self.threads)]
+            # named: without --spec-type this llama-server infers the type from the draft's GGUF, if any
+            cmd += ["-md", self.draft, "-td", str(self.threads), "--spec-type", "draft-simple"]
         elif self.kind is not None:
             cmd += ["--spec-type", self.kind]
         return cmd
@@ -82,7 +83,14 @@ class LlamaServerPeer:
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"{self.name} did not answer /health within {timeout:g} s")
                     time.sleep(0.2)
-                yield url
+                try:
+                    yield url
+                except httpx.HTTPError as e:  # say what the server said (a crash, a refused request)
+                    log.seek(0)
+                    exited = proc.poll()
+                    raise RuntimeError(
+                        f"{e} (llama-server exit status {exited}; its log ends: {log.read()[-1500:]})"
+                    ) from e
             finally:
                 proc.terminate()
                 try:

@@ -25,7 +25,7 @@ def test_peer_names_and_command(fake_bin):
     plain = LlamaServerPeer("llama-server", fake_bin, "m.gguf", 2)
     assert plain.command(8080, 4, 100)[-7:] == ["-np", "4", "-c", "400", "--seed", "0", "--no-webui"]
     draft = LlamaServerPeer("llama-server:draft", fake_bin, "m.gguf", 2, draft="d.gguf")
-    assert draft.command(8080, 1, 100)[-4:] == ["-md", "d.gguf", "-td", "2"]
+    assert draft.command(8080, 1, 100)[-6:] == ["-md", "d.gguf", "-td", "2", "--spec-type", "draft-simple"]
     ngram = LlamaServerPeer("llama-server:ngram-mod", fake_bin, "m.gguf", 2)
     assert ngram.command(8080, 1, 100)[-2:] == ["--spec-type", "ngram-mod"]
     with pytest.raises(ValueError, match="no --spec-type ngram-nope"):
