@@ -64,12 +64,14 @@ def register(sub) -> None:
         help="comma-separated peers to time in the same run, prompt by prompt: llama.cpp (plain decoding), "
         "llama-speculative (with the draft of the first draft:PATH method), llama-lookup (prompt lookup), "
         "transformers (fp32 generate), transformers-assisted (assistant_model = that draft); the llama ones need "
-        "--llama-bin (with --compare: llama.cpp,transformers through llama-cpp-python)",
+        "--llama-bin (with --compare: llama.cpp,transformers through llama-cpp-python). bench serve: llama-server "
+        "(plain), llama-server:draft (-md with that draft), llama-server:TYPE (--spec-type TYPE, e.g. ngram-simple, "
+        "ngram-mod), started per concurrency level with one slot per client",
     )
     p.add_argument(
         "--llama-bin",
         default=os.environ.get("LLAMA_CPP_BIN"),
-        help="folder with llama.cpp's llama-completion, llama-speculative and llama-lookup programs "
+        help="folder with llama.cpp's llama-completion, llama-speculative, llama-lookup and llama-server programs "
         "(default $LLAMA_CPP_BIN; docs/benchmarks.md says how to build them)",
     )
     g = p.add_argument_group("--compare: weight formats and peers in one run")
@@ -93,6 +95,12 @@ def register(sub) -> None:
     g = p.add_argument_group("bench serve")
     g.add_argument("--concurrency", default="1,4,16,32", help="comma-separated client counts (default 1,4,16,32)")
     g.add_argument("--requests", type=int, default=0, help="requests per level (default 0: max(4, 2 x concurrency))")
+    g.add_argument(
+        "--compare-inprocess",
+        action="store_true",
+        help="also run the prompts in-process (LLM.generate on the loading thread, then on another thread) and "
+        "report the server at concurrency 1 against them; each prompt once per level unless --requests",
+    )
     g = p.add_argument_group("bench tree")
     g.add_argument("--nodes", default="1,2,4,8,16", help="comma-separated draft-node counts (default 1,2,4,8,16)")
     g.add_argument("--context", type=int, default=256, help="tokens in the KV cache before each pass (default 256)")

@@ -17,12 +17,15 @@ NOTE = (
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    import httpx
+
     from speclm.bench.machine import machine_info
     from speclm.bench.report import output_paths, write_json
-    from speclm.bench.serve_bench import markdown, run_level, serve_in_thread
+    from speclm.bench.serve_bench import inprocess_markdown, markdown, mismatches, run_level, time_in_process
     from speclm.cli.serve import cache_config
     from speclm.server.app import build_app
     from speclm.server.config import ServerConfig
+    from speclm.server.launch import serve_while
 
     try:
         levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
@@ -32,33 +35,78 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--concurrency needs levels >= 1, got {args.concurrency!r}")
     if args.requests < 0 or args.max_tokens < 1:
         raise ValueError(f"--requests must be >= 0 and --max-tokens >= 1, got {args.requests}, {args.max_tokens}")
+    if args.compare_inprocess and 1 not in levels:
+        levels = [1, *levels]
     config = cache_config(args)
     if max(levels) > config.max_num_seqs:
         print(f"note: concurrency above --max-num-seqs {config.max_num_seqs} queues requests", file=sys.stderr)
+    methods = split_methods(args.methods) or ["ar"]  # keeps "eagle:DIR,topk=1" together
     llm, prompts = load_llm_and_prompts(args)
     room = llm.model.config.max_position_embeddings - args.max_tokens
     if room < 1:
         raise ValueError(f"--max-tokens {args.max_tokens} leaves no room for a prompt in the model's context")
     prompts = [p[-room:] for p in prompts]  # keep the end of over-long prompts (tiny-context models)
+    peers = serve_peers(args, llm.model_path, methods)
 
-    methods = split_methods(args.methods) or ["ar"]  # keeps "eagle:DIR,topk=1" together
-    results = {}
+    def num_requests(c: int) -> int:  # --compare-inprocess: each prompt once per level by default
+        return args.requests or (len(prompts) if args.compare_inprocess else max(4, 2 * c))
+
+    def levels_at(url: str, label: str) -> list[dict]:
+        asyncio.run(run_level(url, prompts, 1, 1, 4))  # warm-up
+        rows = []
+        for c in levels:
+            r = asyncio.run(run_level(url, prompts, c, num_requests(c), args.max_tokens))
+            print(
+                f"{label}, concurrency {c}: {r['tokens_per_s']:.1f} tokens/s, TTFT p50 {r['ttft_p50']:.3f} s, "
+                f"ITL p50 {1000 * r['itl_p50']:.1f} ms",
+                file=sys.stderr,
+            )
+            rows.append(r)
+        return rows
+
+    results, inprocess, served_llms = {}, {}, {}
     for method in methods:
         served = llm if method == "ar" else llm.with_spec(method, args.k, not args.no_adaptive)
         label = (
             "no speculation" if method == "ar" else f"{method} (K={args.k}{'' if args.no_adaptive else ', adaptive'})"
         )
-        results[label] = []
-        with serve_in_thread(build_app(served, config, ServerConfig(model_name="bench"))) as url:
-            asyncio.run(run_level(url, prompts, 1, 1, 4))  # warm-up
+        served_llms[label] = served
+        if args.compare_inprocess:  # on this thread, which loaded the model, as the server's engine runs
+            inprocess[label] = time_in_process(served, prompts, args.max_tokens)
+        # the engine loop on this thread, uvicorn and the clients on others (speclm/server/launch.py)
+        results[label] = serve_while(
+            build_app(served, config, ServerConfig(model_name="bench")), lambda url, label=label: levels_at(url, label)
+        )
+    for peer in peers:  # a server process per level, one slot per client
+        context = max(len(p) for p in prompts) + args.max_tokens + 16
+        rows = []
+        try:
             for c in levels:
-                r = asyncio.run(run_level(url, prompts, c, args.requests or max(4, 2 * c), args.max_tokens))
-                print(
-                    f"{label}, concurrency {c}: {r['tokens_per_s']:.1f} tokens/s, TTFT p50 {r['ttft_p50']:.3f} s, "
-                    f"ITL p50 {1000 * r['itl_p50']:.1f} ms",
-                    file=sys.stderr,
-                )
-                results[label].append(r)
+                with peer.serving(c, context) as url:
+                    asyncio.run(run_level(url, prompts, 1, 1, 4))  # warm-up
+                    rows.append(asyncio.run(run_level(url, prompts, c, num_requests(c), args.max_tokens)))
+                print(f"{peer.name}, concurrency {c}: {rows[-1]['tokens_per_s']:.1f} tokens/s", file=sys.stderr)
+        except (RuntimeError, httpx.HTTPError) as e:  # the peer's failure is reported; speclm's rows stand
+            print(f"peer {peer.name} failed, left out: {e}", file=sys.stderr)
+            continue
+        results[peer.name] = rows
+    reference = results.get("no speculation") or next(iter(results.values()))
+    for rows in results.values():  # greedy text against speclm's AR (or the first method), request by request
+        for r, ref in zip(rows, reference):
+            r["mismatches"] = mismatches(r["texts"], ref["texts"])
+    for label, r in inprocess.items():
+        server = next(row for row in results[label] if row["concurrency"] == 1)
+        r["server_tokens_per_s"] = server["tokens_per_s"]
+        r["server_vs_inprocess"] = server["tokens_per_s"] / r["tokens_per_s"]
+        n = min(len(server["texts"]), len(prompts))  # request i asks prompt i (mod the prompts)
+        r["server_mismatches"] = mismatches(server["texts"][:n], r["texts"][:n])
+    for label, r in inprocess.items():  # last: a second OpenMP team in this process could slow what follows
+        other = time_in_process(served_llms[label], prompts, args.max_tokens, on_thread=True)
+        r["other_thread_tokens_per_s"] = other["tokens_per_s"]
+        r["other_thread_mismatches"] = mismatches(other["texts"], r["texts"])
+    for rows in [*results.values(), inprocess.values()]:
+        for r in rows:
+            r.pop("texts", None)
     machine = machine_info()
     command = (
         "speclm bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
@@ -77,14 +125,34 @@ def run_serve(args: argparse.Namespace) -> int:
             "max_tokens": args.max_tokens,
             "prompts": len(prompts),
             "results": results,
+            "inprocess": inprocess,
         },
     )
     table = markdown(results, title, command, machine, NOTE)
+    if inprocess:
+        table += "\n".join(inprocess_markdown(inprocess)) + "\n"
     with open(paths["md"], "w") as f:
         f.write(table)
     print(table)
     print(f"wrote {paths['json']}, {paths['md']}", file=sys.stderr)
     return 0
+
+
+def serve_peers(args: argparse.Namespace, model_path: str, methods: list[str]) -> list:
+    """The llama-server peers of --peers; one that cannot run here (no --llama-bin, no program) is skipped
+    with a message."""
+    from speclm.bench.llama_server import LlamaServerPeer
+    from speclm.bench.spec_bench import parse_method
+
+    specs = [parse_method(m, 1, False)[0] for m in methods if m.startswith("draft:")]
+    draft = specs[0].split(":", 1)[1].split(",")[0] if specs else None  # the first draft:PATH method's model
+    peers = []
+    for name in [p.strip() for p in args.peers.split(",") if p.strip()]:
+        try:
+            peers.append(LlamaServerPeer(name, args.llama_bin, model_path, args.threads or os.cpu_count() or 1, draft))
+        except ValueError as e:
+            print(f"skipping peer {name}: {e}", file=sys.stderr)
+    return peers
 
 
 def run_kv(args: argparse.Namespace) -> int:

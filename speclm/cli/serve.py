@@ -156,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from speclm.server.app import build_app, served_model_name
+    from speclm.server.launch import serve_here
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
@@ -163,23 +164,23 @@ def run(args: argparse.Namespace) -> int:
     server = server_config(args, args.served_model_name or "")
     llm = load_llm(args, cache, args.spec_max_batch)  # its engine is the one served
     server.model_name = args.served_model_name or served_model_name(llm.model_path)
-    uvicorn_server: uvicorn.Server | None = None
 
-    def on_fatal(error: BaseException) -> None:  # the engine loop died: stop serving, exit non-zero
+    def on_fatal(error: BaseException) -> None:  # the engine loop died: serve_here stops serving, exit non-zero
         print(f"speclm serve: error: the engine loop died ({error!r}); shutting down", file=sys.stderr)
-        if uvicorn_server is not None:
-            uvicorn_server.should_exit = True
 
     app = build_app(llm, server=server, on_fatal=on_fatal)
-    uvicorn_server = uvicorn.Server(
-        uvicorn.Config(
-            app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=server.drain_seconds
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=server.drain_seconds
+    )
+
+    def on_listening(url: str) -> None:  # printed once the socket accepts connections
+        print(
+            f"speclm serve: {llm.engine.num_kv_blocks} KV blocks of {cache.block_size} tokens; listening on {url}",
+            file=sys.stderr,
         )
-    )
-    print(
-        f"speclm serve: {llm.engine.num_kv_blocks} KV blocks of {cache.block_size} tokens; "
-        f"listening on http://{args.host}:{args.port}",
-        file=sys.stderr,
-    )
-    uvicorn_server.run()
+
+    # The engine runs on this thread, which loaded the model; uvicorn on another (speclm/server/launch.py).
+    if not serve_here(app, config, on_listening, handle_signals=True):
+        print(f"speclm serve: error: could not serve on {args.host}:{args.port}", file=sys.stderr)
+        return 1
     return 1 if app.state.engine.fatal is not None else 0

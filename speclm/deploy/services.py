@@ -4,8 +4,11 @@ coordinator (the OpenAI-compatible HTTP API of `speclm serve`, as the ingress)."
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from ray import serve
@@ -43,8 +46,11 @@ class DraftService:
     model id, so Ray Serve sends a sequence's calls to the replica that holds its draft KV cache."""
 
     def __init__(self, config: DeployConfig) -> None:
+        # One thread loads and runs the draft model (a second thread would make torch a second OpenMP
+        # team: docs/runtime.md#threads); the replica's event loop only waits for it.
+        self.compute = ThreadPoolExecutor(1, "speclm-draft")
         torch.set_num_threads(config.threads or default_threads())
-        self.template = build_draft_proposer(config.draft_spec(), None)
+        self.template = self.compute.submit(build_draft_proposer, config.draft_spec(), None).result()
 
     def vocab_size(self) -> int:
         return self.template.vocab_size
@@ -57,11 +63,17 @@ class DraftService:
         """Up to k draft tokens after `context` (the sequence's committed tokens); `capacity` bounds its length."""
         t0 = time.perf_counter()
         state = await self.sequence(serve.get_multiplexed_model_id())
+        proposal = await asyncio.wrap_future(
+            self.compute.submit(self._propose, state, context, k, params, seed, capacity)
+        )
+        return DraftReply(proposal, time.perf_counter() - t0)
+
+    @staticmethod
+    def _propose(state: DraftSequence, context: list[int], k: int, params: SamplingParams, seed: int, capacity: int):
         if state.generator is None:  # a new sequence (or one this replica dropped): start its cache
             state.proposer.start(context, capacity)
             state.generator = torch.Generator().manual_seed(seed)
-        proposal = state.proposer.propose(context, k, params, state.generator)
-        return DraftReply(proposal, time.perf_counter() - t0)
+        return state.proposer.propose(context, k, params, state.generator)
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0})
@@ -71,7 +83,13 @@ class TargetService:
     draft service through RemoteDraftProposer."""
 
     async def __init__(self, config: DeployConfig, draft=None) -> None:
-        llm = LLM(config.model, tokenizer=config.tokenizer, threads=config.threads, weights=config.weights)
+        # The engine loop runs on the thread that loads the model (docs/runtime.md#threads).
+        self.compute = ThreadPoolExecutor(1, "speclm-engine")
+        llm = await asyncio.wrap_future(
+            self.compute.submit(
+                LLM, config.model, tokenizer=config.tokenizer, threads=config.threads, weights=config.weights
+            )
+        )
         if draft is not None:
             vocab, target_vocab = await draft.vocab_size.remote(), llm.model.config.vocab_size
             if vocab != target_vocab:
@@ -91,7 +109,9 @@ class TargetService:
             config.spec_max_batch,
         )
         self.engine = AsyncEngine(engine)
-        self.engine.start()
+        running = threading.Event()
+        self.compute.submit(self.engine.run_forever, running.set)
+        await asyncio.to_thread(running.wait)
         self.finished = {"target_seconds": 0.0, "proposer_seconds": 0.0, "decode_steps": 0}
 
     def limits(self) -> PromptLimits:

@@ -1,4 +1,5 @@
-"""Drives an Engine from one background thread and hands each request's outputs to asyncio callers."""
+"""Drives an Engine from one thread (the caller's, or one of its own) and hands each request's outputs to asyncio
+callers."""
 
 from __future__ import annotations
 
@@ -56,6 +57,10 @@ class AsyncEngine:
     requests that took part in it (RequestFailedError) and the loop goes on; if the loop itself
     dies, every caller gets EngineStoppedError, `alive` turns False and `on_fatal` is called (the
     server then exits non-zero so that a supervisor restarts it).
+
+    The engine thread is the caller's with `run_forever()` (what `speclm serve` does: the thread that
+    loaded the model drives it, so torch's intra-op pool, an OpenMP team per calling thread, has one
+    team, see docs/runtime.md#threads), or a thread of its own with `start()` (tests, in-process apps).
     """
 
     def __init__(
@@ -71,14 +76,16 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}
-        self._thread: threading.Thread | None = None
+        self._thread: threading.Thread | None = None  # the loop's own thread (start())
+        self._running = False  # the loop runs (or is about to), on its own thread or the caller's
+        self._driven_here = False  # run_forever() drives the loop: start() does nothing
         self._stopping = False
         self.fatal: BaseException | None = None  # why the loop died
         self.num_failed_steps = 0
 
     @property
     def alive(self) -> bool:
-        return self.fatal is None and self._thread is not None and self._thread.is_alive()
+        return self.fatal is None and self._running
 
     @property
     def limits(self) -> PromptLimits:
@@ -86,16 +93,29 @@ class AsyncEngine:
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
-        if self._thread is None:
+        """Run the loop on a thread of its own; nothing to do if it runs already or run_forever() drives it."""
+        if self._thread is None and not self._driven_here:
             self._stopping = False
+            self._running = True
             self._thread = threading.Thread(target=self._run, name="speclm-engine", daemon=True)
             self._thread.start()
 
+    def run_forever(self, ready: Callable[[], None] | None = None) -> None:
+        """Run the loop on the calling thread until stop() or until the loop dies. `ready` is called
+        once the loop is in place (start the HTTP server there: its start() is then a no-op)."""
+        if self._thread is not None or self._driven_here:
+            raise RuntimeError("the engine loop runs already")
+        self._driven_here, self._stopping, self._running = True, False, True
+        if ready is not None:
+            ready()
+        self._run()
+
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the loop; requests still running are aborted and their callers get EngineStoppedError."""
+        """Stop the loop; requests still running are aborted and their callers get EngineStoppedError.
+        A loop on run_forever()'s thread is not waited for: that thread returns from it."""
         self._stopping = True
         self._wake.set()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
             self._thread = None
 
@@ -149,6 +169,7 @@ class AsyncEngine:
             if self.on_fatal is not None:
                 self.on_fatal(e)
         finally:
+            self._running = False
             self._drain_inbox()
             for request_id in list(self._streams):
                 self.engine.abort(request_id)

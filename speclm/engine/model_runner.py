@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ class ModelRunner:
         model.use_lean_ops()
         self.config = model.config
         self.slow_steps = SlowStepWatch()
+        self.thread_watch = ThreadWatch()  # built where the model was loaded (LLM): that thread should run it
 
     @property
     def context_length(self) -> int:
@@ -52,6 +54,7 @@ class ModelRunner:
         Returns (logits [sum of num_logits, vocab] in entry order, features [num_tokens, hidden]
         (hidden states after the final norm, for proposers that draft from them), seconds).
         """
+        self.thread_watch.observe()
         t0 = time.perf_counter()
         device = cache.keys.device
         tokens = torch.tensor([t for e in entries for t in e.tokens], dtype=torch.long, device=device)
@@ -115,3 +118,23 @@ class SlowStepWatch:
                 seconds / self.fastest,
             )
         self.fastest = min(self.fastest, seconds)
+
+
+class ThreadWatch:
+    """Warns once when the model runs on a thread other than the one that loaded it: torch's intra-op
+    pool is an OpenMP team per calling thread, and a second team makes both spin less and sleep more
+    (the same engine measured 0.6-0.7x as fast from a worker thread; docs/runtime.md#threads)."""
+
+    def __init__(self) -> None:
+        self.home = threading.get_ident()  # the loading thread
+        self.warned = False
+
+    def observe(self) -> None:
+        if not self.warned and threading.get_ident() != self.home:
+            self.warned = True
+            log.warning(
+                "speclm: the model runs on thread %r but was loaded on another: torch's CPU thread pool then "
+                "keeps two OpenMP teams, which can slow every step ~1.5x; load and run it on one thread "
+                "(speclm serve runs its engine on the loading thread)",
+                threading.current_thread().name,
+            )

@@ -111,7 +111,10 @@ def test_sigterm_drains_in_flight_requests_and_exits(tmp_path):
             target=lambda: result.update(r=httpx.post(f"{url}/v1/completions", json=body, timeout=30))
         )
         sender.start()
-        time.sleep(0.05)
+        # SIGTERM once the request is in flight (a connection whose request was not read yet is closed)
+        while "speclm_num_requests_in_flight 1.0" not in httpx.get(f"{url}/metrics").text:
+            assert sender.is_alive() and time.monotonic() < deadline
+            time.sleep(0.02)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         # uvicorn re-raises SIGTERM once it has shut down gracefully, so the status is 0 or -SIGTERM

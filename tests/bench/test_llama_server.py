@@ -1,0 +1,58 @@
+"""`speclm bench serve --peers llama-server...` against a stand-in llama-server (tests/bench/fake_llama_server.py)."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from speclm.bench.llama_server import LlamaServerPeer
+from speclm.cli import main
+from tests.conftest import STORIES_MODEL, STORIES_TOKENIZER
+
+
+@pytest.fixture
+def fake_bin(tmp_path):
+    script = os.path.join(os.path.dirname(__file__), "fake_llama_server.py")
+    binary = tmp_path / "bin" / "llama-server"
+    binary.parent.mkdir()
+    binary.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{script}" "$@"\n')
+    binary.chmod(0o755)
+    return str(binary.parent)
+
+
+def test_peer_names_and_command(fake_bin):
+    plain = LlamaServerPeer("llama-server", fake_bin, "m.gguf", 2)
+    assert plain.command(8080, 4, 100)[-7:] == ["-np", "4", "-c", "400", "--seed", "0", "--no-webui"]
+    draft = LlamaServerPeer("llama-server:draft", fake_bin, "m.gguf", 2, draft="d.gguf")
+    assert draft.command(8080, 1, 100)[-6:] == ["-md", "d.gguf", "-td", "2", "--spec-type", "draft-simple"]
+    ngram = LlamaServerPeer("llama-server:ngram-mod", fake_bin, "m.gguf", 2)
+    assert ngram.command(8080, 1, 100)[-2:] == ["--spec-type", "ngram-mod"]
+    with pytest.raises(ValueError, match="no --spec-type ngram-nope"):
+        LlamaServerPeer("llama-server:ngram-nope", fake_bin, "m.gguf", 2)
+    with pytest.raises(ValueError, match="needs a draft model"):
+        LlamaServerPeer("llama-server:draft", fake_bin, "m.gguf", 2)
+    with pytest.raises(ValueError, match="needs --llama-bin"):
+        LlamaServerPeer("llama-server", None, "m.gguf", 2)
+
+
+def test_bench_serve_times_llama_server_peers_beside_speclm(tmp_path, fake_bin, capsys):
+    args = ["bench", "serve", "--model", STORIES_MODEL, "--tokenizer", STORIES_TOKENIZER, "--threads", "1"]
+    args += ["--no-chat", "--per-category", "1", "--categories", "writing,qa", "--concurrency", "1,2"]
+    args += ["--max-tokens", "5", "--methods", "ar,ngram", "--compare-inprocess", "--out", str(tmp_path)]
+    args += ["--peers", "llama-server,llama-server:ngram-simple,llama-server:ngram-nope", "--llama-bin", fake_bin]
+    assert main(args) == 0
+    assert "skipping peer llama-server:ngram-nope" in capsys.readouterr().err
+    data = json.loads((tmp_path / "serve.json").read_text())
+    results = data["results"]
+    assert list(results) == ["no speculation", "ngram (K=4, adaptive)", "llama-server", "llama-server:ngram-simple"]
+    for name, levels in results.items():
+        assert [r["concurrency"] for r in levels] == [1, 2] and all(r["tokens"] == 10 for r in levels)
+        # speclm's methods give AR's greedy text; the stand-in's "aaaaa" differs (reported, not failed)
+        assert all(r["mismatches"] == (2 if name.startswith("llama") else 0) for r in levels), name
+        assert all("texts" not in r for r in levels)
+    for row in data["inprocess"].values():
+        assert row["server_mismatches"] == 0 and row["other_thread_mismatches"] == 0
+        assert row["tokens_per_s"] > 0 and row["server_vs_inprocess"] > 0 and row["other_thread_tokens_per_s"] > 0
+    md = (tmp_path / "serve.md").read_text()
+    assert "| llama-server | 1 | 2 |" in md and "The server against the in-process engine" in md
