@@ -42,14 +42,16 @@ def book_matcher(vocab):
     return GrammarMatcher(vocab, compile_constraint("json_schema", BOOK, "schema"))
 
 
-def sample_constrained(matcher, vocab_size, eos, gen, max_steps=300):
-    """Random logits, masked, sampled at temperature 1 until EOS: the generated tokens (EOS excluded)."""
+def sample_constrained(matcher, vocab_size, eos, gen, max_steps=300, eos_bias=0.0):
+    """Random logits, masked, sampled at temperature 1 until EOS: the generated tokens (EOS excluded).
+    eos_bias raises EOS's logit (where the grammar may go on or stop, e.g. after a complete tool call)."""
     params = SamplingParams(temperature=1.0)
     tokens = []
     for _ in range(max_steps):
         mask = matcher.allowed_mask()
         assert mask.any(), "dead end"
         logits = torch.randn(1, vocab_size, generator=gen) * 4
+        logits[0, list(eos)] += eos_bias
         token = int(select_masked(logits, params, mask[None], gen)[0])
         if token in eos:
             assert matcher.is_accepting()
