@@ -68,8 +68,11 @@ class Tokenizer:
         return self.backend.token_to_id(token)
 
     # -- chat ---------------------------------------------------------------------------
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """Render a conversation with the model's Jinja chat template (as transformers does)."""
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
+        """Render a conversation with the model's Jinja chat template (as transformers does); `tools`
+        (OpenAI tool objects) go to templates that take them (see speclm.structured.tools)."""
         if not self.chat_template:
             raise ValueError("this model has no chat template; use a plain prompt instead of chat mode")
         from jinja2.exceptions import TemplateError
@@ -91,7 +94,7 @@ class Tokenizer:
             "eos_token": self._token_text(self.eos_token_ids[0] if self.eos_token_ids else None),
         }
         return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **special
+            messages=messages, add_generation_prompt=add_generation_prompt, tools=tools, **special
         )
 
     def encode_chat(self, messages: list[dict]) -> list[int]:

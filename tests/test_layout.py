@@ -20,6 +20,7 @@ LAYERS = [
     ["speclm.kv"],
     ["speclm.models"],
     ["speclm.tokenizer", "speclm.sample"],
+    ["speclm.structured"],
     ["speclm.speculative"],
     ["speclm.engine"],
     ["speclm.llm"],

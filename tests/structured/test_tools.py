@@ -1,0 +1,156 @@
+"""Tools in prompts and grammars: Qwen2.5's own template renders tools, calls and results; SmolLM2's
+template (no tool support) gets the generic JSON tool prompt; the constraint of `required`, a named
+function or the generic format makes a random sampler produce calls whose arguments fit the schema."""
+
+import copy
+import json
+import os
+
+import jsonschema
+import pytest
+import torch
+
+from speclm.structured.grammar import ConstraintError
+from speclm.structured.matcher import GrammarMatcher, GrammarVocab
+from speclm.structured.tool_calls import parse_tool_calls
+from speclm.structured.tools import GENERIC, HERMES, check_tools, render_tool_prompt, tool_constraint, tool_format
+from tests.structured.qwen_template import QWEN25_TEMPLATE
+from tests.structured.test_matcher import sample_constrained
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["C", "F"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {"type": "function", "function": {"name": "get_time", "description": "The time now"}}  # no parameters
+TOOLS = [WEATHER, TIME]
+CONVERSATION = [
+    {"role": "user", "content": "Weather in Lyon?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Lyon"}'}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "21 C, sunny"},
+]
+PAIR_QWEN = os.path.expanduser("~/.cache/speclm/pair/qwen2.5-coder-0.5b-instruct-q5_0.gguf")
+
+
+@pytest.fixture
+def qwen_style(smol_tokenizer):
+    """SmolLM2's tokenizer with Qwen2.5's template: HERMES format, tags written as text."""
+    tokenizer = copy.copy(smol_tokenizer)
+    tokenizer.chat_template = QWEN25_TEMPLATE
+    return tokenizer
+
+
+def test_tool_format(smol_tokenizer):
+    assert tool_format(QWEN25_TEMPLATE) == HERMES
+    assert tool_format(smol_tokenizer.chat_template) == GENERIC
+    assert tool_format(None) == GENERIC
+    assert tool_format("{{ '<tool_call>' }}{% for m in messages %}{{ m.content }}{% endfor %}") == GENERIC
+
+
+def test_qwen_template_renders_tools_calls_and_results(qwen_style):
+    prompt = render_tool_prompt(qwen_style, CONVERSATION, TOOLS, "auto", True)
+    assert "# Tools" in prompt and json.dumps(WEATHER, ensure_ascii=False) in prompt
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon"}}\n</tool_call>' in prompt
+    assert "<|im_start|>user\n<tool_response>\n21 C, sunny\n</tool_response><|im_end|>" in prompt
+    assert prompt.endswith("<|im_start|>assistant\n")
+    named = render_tool_prompt(
+        qwen_style, CONVERSATION, TOOLS, {"type": "function", "function": {"name": "get_time"}}, True
+    )
+    assert '"get_time"' in named and '"get_weather", "description"' not in named
+    assert "# Tools" not in render_tool_prompt(qwen_style, CONVERSATION, TOOLS, "none", True)
+
+
+def test_generic_prompt_for_a_template_without_tools(smol_tokenizer):
+    prompt = render_tool_prompt(smol_tokenizer, CONVERSATION, TOOLS, "auto", False)
+    assert prompt.startswith("<|im_start|>system\nYou can call the following tools:\n")
+    assert json.dumps(WEATHER["function"], ensure_ascii=False) in prompt
+    assert '{"response": <your reply to the user>}' in prompt
+    assert '<|im_start|>assistant\n{"tool_call": {"name": "get_weather", "arguments": {"city": "Lyon"}}}' in prompt
+    result = {"tool_response": {"tool_call_id": "call_1", "name": "get_weather", "content": "21 C, sunny"}}
+    assert f"<|im_start|>user\n{json.dumps(result)}<|im_end|>" in prompt
+    required = render_tool_prompt(smol_tokenizer, CONVERSATION, TOOLS, "required", True)
+    assert '{"tool_calls": [' in required and '"response"' not in required
+    with_system = [{"role": "system", "content": "Be brief."}] + CONVERSATION
+    assert render_tool_prompt(smol_tokenizer, with_system, TOOLS, "auto", False).startswith(
+        "<|im_start|>system\nBe brief.\n\nYou can call the following tools:"
+    )
+
+
+def check_calls(calls, allowed_names):
+    assert calls, "no tool call parsed"
+    for call in calls:
+        assert call["type"] == "function" and call["id"].startswith("call_")
+        name = call["function"]["name"]
+        assert name in allowed_names
+        schema = next(t for t in TOOLS if t["function"]["name"] == name)["function"].get("parameters")
+        jsonschema.validate(json.loads(call["function"]["arguments"]), schema or {"type": "object", "maxProperties": 0})
+
+
+@pytest.mark.parametrize(
+    "fmt, choice, parallel, names",
+    [
+        (GENERIC, "required", False, {"get_weather", "get_time"}),
+        (GENERIC, "required", True, {"get_weather", "get_time"}),
+        (GENERIC, {"type": "function", "function": {"name": "get_weather"}}, False, {"get_weather"}),
+        (HERMES, "required", True, {"get_weather", "get_time"}),
+        (HERMES, {"type": "function", "function": {"name": "get_weather"}}, False, {"get_weather"}),
+    ],
+)
+def test_constrained_random_calls_parse_and_fit_the_schema(smol_tokenizer, smol_vocab, fmt, choice, parallel, names):
+    constraint = tool_constraint(smol_tokenizer, fmt, TOOLS, choice, parallel)
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(6):
+        matcher = GrammarMatcher(smol_vocab, constraint)
+        tokens = sample_constrained(matcher, smol_vocab.vocab_size, set(smol_vocab.eos_token_ids), gen, eos_bias=4.0)
+        text = smol_tokenizer.decode(tokens)
+        parsed = parse_tool_calls(text, fmt)
+        assert parsed.content is None, text
+        check_calls(parsed.tool_calls, names)
+        assert parallel or len(parsed.tool_calls) == 1
+
+
+def test_generic_auto_allows_a_plain_response(smol_tokenizer, smol_vocab):
+    constraint = tool_constraint(smol_tokenizer, GENERIC, TOOLS, "auto", False)
+    matcher = GrammarMatcher(smol_vocab, constraint)
+    reply = smol_tokenizer.encode('{"response": "It is sunny."}', add_bos=False)
+    assert matcher.advance(reply) == len(reply) and matcher.is_accepting()
+    assert parse_tool_calls(smol_tokenizer.decode(reply), GENERIC).content == "It is sunny."
+
+
+def test_no_constraint_where_the_reply_is_free(smol_tokenizer):
+    assert tool_constraint(smol_tokenizer, HERMES, TOOLS, "auto", True) is None
+    assert tool_constraint(smol_tokenizer, GENERIC, TOOLS, "none", True) is None
+    assert tool_constraint(smol_tokenizer, GENERIC, [], "auto", True) is None
+
+
+def test_bad_parameter_schema_names_the_tool():
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "integer", "minimum": "x"}}}
+    with pytest.raises(ConstraintError) as info:
+        check_tools([WEATHER, bad])
+    assert info.value.param == "tools.1.function.parameters"
+
+
+@pytest.mark.skipif(not os.path.exists(PAIR_QWEN), reason="the real pair is not downloaded")
+def test_qwen_tokenizer_forces_its_tool_call_token():
+    """Qwen's <tool_call> is one token; a required call is forced to start with it."""
+    from speclm.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(PAIR_QWEN)
+    matcher = GrammarMatcher(GrammarVocab.of(tokenizer), tool_constraint(tokenizer, HERMES, TOOLS, "required", False))
+    forced = matcher.forced_tokens()
+    assert forced[0] == tokenizer.token_to_id("<tool_call>")
+    assert tokenizer.decode(forced, skip_special_tokens=False) == '<tool_call>\n{"name": "get'
