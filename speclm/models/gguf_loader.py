@@ -10,10 +10,12 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+import speclm.models.families as families
 from speclm.models.checkpoint import Checkpoint, ModelLoadError
 from speclm.models.config import ModelConfig
 from speclm.models.gguf_file import GGUFFile, GGUFFormatError, TensorInfo
 
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", *families.VARIANT_ARCHITECTURES)
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q8_K")
 
 _LAYER_NAMES = {
@@ -60,12 +62,13 @@ def field_value(file: GGUFFile, key: str, default=None):
     return file.fields.get(key, default)
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    table = _LAYER_NAMES | families.GGUF_LAYER_NAMES.get(arch, {})
+    if m and m.group(2) in table:
+        return f"model.layers.{m.group(1)}.{table[m.group(2)]}"
     return None
 
 
@@ -206,8 +209,10 @@ class LazyTensors(Mapping):
 
 def config_from_gguf(reader: GGUFFile, path: str) -> ModelConfig:
     arch = field_value(reader, "general.architecture")
-    if arch not in ("llama", "qwen2"):
-        raise ModelLoadError(f"{path}: unsupported GGUF architecture {arch!r} (supported: llama, qwen2)")
+    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+        raise ModelLoadError(
+            f"{path}: unsupported GGUF architecture {arch!r} (supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)})"
+        )
 
     def get(key, default=None):
         return field_value(reader, f"{arch}.{key}", default)
@@ -227,15 +232,17 @@ def config_from_gguf(reader: GGUFFile, path: str) -> ModelConfig:
     eos = field_value(reader, "tokenizer.ggml.eos_token_id")
     eot = field_value(reader, "tokenizer.ggml.eot_token_id")
     eos_ids = [int(x) for x in (eos, eot) if x is not None]
-    return ModelConfig(
+    num_layers = int(get("block_count"))
+    head_dim = int(get("attention.key_length", get("rope.dimension_count", hidden // num_heads)))
+    fields = dict(
         architecture=arch,
         vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=int(get("feed_forward_length")),
-        num_layers=int(get("block_count")),
+        num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=int(get("attention.head_count_kv", num_heads)),
-        head_dim=int(get("attention.key_length", get("rope.dimension_count", hidden // num_heads))),
+        head_dim=head_dim,
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(get("rope.freq_base", 10000.0)),
         rope_scaling=rope_scaling,
@@ -245,10 +252,11 @@ def config_from_gguf(reader: GGUFFile, path: str) -> ModelConfig:
         bos_token_id=field_value(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=list(dict.fromkeys(eos_ids)),
     )
+    return ModelConfig(**(fields | families.gguf_extras(arch, get, num_layers, head_dim)))
 
 
 def load_gguf(path: str) -> Checkpoint:
-    """A Checkpoint of a llama/qwen2 GGUF file whose tensors dequantize to fp32 lazily (LazyTensors)."""
+    """A Checkpoint of a llama/qwen2/qwen3/gemma3 GGUF file whose tensors dequantize to fp32 lazily (LazyTensors)."""
     reader = open_gguf(path)
     config = config_from_gguf(reader, path)
     tensors, quant_types = {}, {}
@@ -258,7 +266,7 @@ def load_gguf(path: str) -> Checkpoint:
             factors = dequantize_tensor(reader, t).flatten().tolist()
             config.rope_scaling = {"rope_type": "freq_factors", "factors": factors}
             continue
-        name = hf_name(t.name)
+        name = hf_name(t.name, config.architecture)
         if name is None:
             # Dropping a tensor we do not understand (an extra bias, say) would change the output.
             raise ModelLoadError(f"{path}: tensor {t.name!r} is not part of a model speclm can run")
