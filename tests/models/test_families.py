@@ -14,6 +14,7 @@ from speclm.compress.gguf_export import export_gguf
 from speclm.models.builder import build_model
 from speclm.models.checkpoint import ModelLoadError
 from speclm.models.gguf_loader import load_gguf
+from speclm.models.gguf_weights import native_kernels
 from speclm.models.loader import load_checkpoint
 from speclm.sampling_params import SamplingParams
 from tests.models.hf_tiny import hf_logits, load_ours, our_logits_through_cache, tiny_hf_model
@@ -171,3 +172,24 @@ def test_unsupported_architecture_is_one_line_before_weights(tmp_path):
         json.dump({"architectures": ["Phi3ForCausalLM"], "model_type": "phi3"}, f)
     with pytest.raises(ModelLoadError, match="Qwen3ForCausalLM, Gemma3ForCausalLM"):
         load_checkpoint(str(tmp_path / "hf"))
+
+
+def test_llama3_rope_freqs_on_the_gguf_native_path(tmp_path):
+    """llama 3.x rope scaling as llama.cpp stores it (the rope_freqs tensor) on a Q8_0 file's own grids
+    (--weights auto, the C++ decoder): the file's fp32 load within 1e-4 of transformers (F32), the native
+    one within Q8_0's error, over positions past the original context where the scaling matters."""
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    original = tiny_hf_model(transformers.LlamaConfig, rope_scaling=rope | {"original_max_position_embeddings": 32})
+    original.save_pretrained(tmp_path)
+    ids = _ids(original.config.vocab_size, 80)
+    reference = hf_logits(original, ids)
+    for tensor_type, bound in (("F32", TOL), ("Q8_0", 0.5)):
+        path = str(tmp_path / f"llama3-{tensor_type}.gguf")
+        export_gguf(load_checkpoint(str(tmp_path)), None, path, tensor_type)
+        assert load_gguf(path).config.rope_scaling["rope_type"] == "freq_factors"
+        model = build_model(load_checkpoint(path), weights="auto")
+        model.use_lean_ops()
+        if native_kernels() is not None:  # (AVX-512 VNNI)
+            assert (model.native_decoder is not None) == (tensor_type == "Q8_0")
+        got = torch.cat(our_logits_through_cache(model, ids[:40], [[t] for t in ids[40:44]] + [ids[44:]]))
+        assert (got - reference).abs().max() <= bound
