@@ -1,4 +1,5 @@
-"""What sets the newer families apart from the llama block, as config fields and tensor names:
+"""What sets the newer families apart from the llama block, as config fields (their GGUF tensor names are
+in speclm/models/gguf_names.py):
 
 - qwen3: per-head RMSNorm on q and k before rotary, no qkv bias, an explicit head_dim.
 - gemma3: those q/k norms too, norms of the form (1 + weight) (folded into the weight when loading a Hugging
@@ -80,20 +81,7 @@ def hf_dict_extras(config) -> dict:
 
 # -- GGUF ----------------------------------------------------------------------------------------
 
-# GGUF layer tensor suffix -> Hugging Face name, where a family differs from llama's table.
-GGUF_LAYER_NAMES = {
-    "qwen3": {
-        "attn_q_norm.weight": "self_attn.q_norm.weight",
-        "attn_k_norm.weight": "self_attn.k_norm.weight",
-    },
-    "gemma3": {
-        "attn_q_norm.weight": "self_attn.q_norm.weight",
-        "attn_k_norm.weight": "self_attn.k_norm.weight",
-        "post_attention_norm.weight": "post_attention_layernorm.weight",
-        "ffn_norm.weight": "pre_feedforward_layernorm.weight",
-        "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
-    },
-}
+# Their GGUF tensor names (where a family's differ from llama's) are gguf_names.FAMILY_LAYER_NAMES.
 
 
 def gguf_extras(arch: str, get, num_layers: int, head_dim: int) -> dict:

@@ -19,7 +19,7 @@ from torch import nn
 from speclm.models.attention import TensorFn, self_attention
 from speclm.models.config import ModelConfig
 from speclm.models.layers import MLP, Attention, RMSNorm, rms_norm, swiglu
-from speclm.models.quant_linear import linear_op
+from speclm.models.linear import linear_op
 
 
 def geglu(x: torch.Tensor, gate_up_proj: TensorFn, down_proj: TensorFn, intermediate_size: int) -> torch.Tensor:
