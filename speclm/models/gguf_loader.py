@@ -9,11 +9,13 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+import speclm.models.families as families
 from speclm.models.checkpoint import Checkpoint, ModelLoadError
 from speclm.models.config import ModelConfig
 from speclm.models.gguf_file import GGUFFile, GGUFFormatError, TensorInfo
 from speclm.models.gguf_names import hf_name
 
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", *families.VARIANT_ARCHITECTURES)
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q8_K")
 
 
@@ -177,8 +179,10 @@ class LazyTensors(Mapping):
 
 def config_from_gguf(reader: GGUFFile, path: str) -> ModelConfig:
     arch = field_value(reader, "general.architecture")
-    if arch not in ("llama", "qwen2"):
-        raise ModelLoadError(f"{path}: unsupported GGUF architecture {arch!r} (supported: llama, qwen2)")
+    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+        raise ModelLoadError(
+            f"{path}: unsupported GGUF architecture {arch!r} (supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)})"
+        )
 
     def get(key, default=None):
         return field_value(reader, f"{arch}.{key}", default)
@@ -198,15 +202,17 @@ def config_from_gguf(reader: GGUFFile, path: str) -> ModelConfig:
     eos = field_value(reader, "tokenizer.ggml.eos_token_id")
     eot = field_value(reader, "tokenizer.ggml.eot_token_id")
     eos_ids = [int(x) for x in (eos, eot) if x is not None]
-    return ModelConfig(
+    num_layers = int(get("block_count"))
+    head_dim = int(get("attention.key_length", get("rope.dimension_count", hidden // num_heads)))
+    fields = dict(
         architecture=arch,
         vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=int(get("feed_forward_length")),
-        num_layers=int(get("block_count")),
+        num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=int(get("attention.head_count_kv", num_heads)),
-        head_dim=int(get("attention.key_length", get("rope.dimension_count", hidden // num_heads))),
+        head_dim=head_dim,
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(get("rope.freq_base", 10000.0)),
         rope_scaling=rope_scaling,
@@ -216,10 +222,11 @@ def config_from_gguf(reader: GGUFFile, path: str) -> ModelConfig:
         bos_token_id=field_value(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=list(dict.fromkeys(eos_ids)),
     )
+    return ModelConfig(**(fields | families.gguf_extras(arch, get, num_layers, head_dim)))
 
 
 def load_gguf(path: str) -> Checkpoint:
-    """A Checkpoint of a llama/qwen2 GGUF file whose tensors dequantize to fp32 lazily (LazyTensors)."""
+    """A Checkpoint of a llama/qwen2/qwen3/gemma3 GGUF file whose tensors dequantize to fp32 lazily (LazyTensors)."""
     reader = open_gguf(path)
     config = config_from_gguf(reader, path)
     tensors, quant_types = {}, {}
@@ -229,7 +236,7 @@ def load_gguf(path: str) -> Checkpoint:
             factors = dequantize_tensor(reader, t).flatten().tolist()
             config.rope_scaling = {"rope_type": "freq_factors", "factors": factors}
             continue
-        name = hf_name(t.name)
+        name = hf_name(t.name, config.architecture)
         if name is None:
             # Dropping a tensor we do not understand (an extra bias, say) would change the output.
             raise ModelLoadError(f"{path}: tensor {t.name!r} is not part of a model speclm can run")

@@ -12,6 +12,7 @@ from speclm.models.layers import DecoderLayer, LayerOps, RMSNorm, decoder_layer
 from speclm.models.linear import Linear, linear_op
 from speclm.models.native_decoder import native_decoder, native_rows
 from speclm.models.rope import RotaryEmbedding
+from speclm.models.variants import VariantOps, make_layers, variant_layer
 
 
 class LlamaModel(nn.Module):
@@ -30,9 +31,13 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=table)
         if table.device.type != "meta":
             nn.init.normal_(self.embed_tokens.weight)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        if config.is_variant:  # qwen3, gemma3 (speclm/models/variants.py)
+            self.layers = make_layers(config)
+        else:
+            self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config)
+        self.local_rotary = RotaryEmbedding(config, local=True) if config.rope_local_theta else None
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -99,7 +104,12 @@ class LlamaModel(nn.Module):
         with a fresh cache and AttentionMetadata(0, n), which is plain causal attention). The layers
         run as `ops` (one per layer) when given, else as their modules."""
         x = self.embed_tokens(tokens)
+        if self.config.embedding_scale != 1.0:  # gemma: in the embedding's dtype, as transformers
+            x = x * torch.tensor(self.config.embedding_scale, dtype=x.dtype)
         cos, sin = (t.to(self.attn_dtype) for t in self.rotary(positions))
+        local = None
+        if self.local_rotary is not None:
+            local = tuple(t.to(self.attn_dtype) for t in self.local_rotary(positions))
         native = self.native_decoder if ops is self.lean_ops else None  # (None unless lean ops are on)
         rows = native_rows(cache, meta, x) if native is not None else None
         if rows is not None:
@@ -112,10 +122,13 @@ class LlamaModel(nn.Module):
             return self.norm(x)
         for i in range(num_layers or len(self.layers)):
             k_cache, v_cache = cache.layer(i)
+            c, s = local if local is not None and self.config.is_local(i) else (cos, sin)
             if ops is None:
-                x = self.layers[i](x, cos, sin, k_cache, v_cache, meta)
+                x = self.layers[i](x, c, s, k_cache, v_cache, meta)
+            elif type(ops[i]) is VariantOps:
+                x = variant_layer(x, ops[i], c, s, k_cache, v_cache, meta)
             else:
-                x = decoder_layer(x, ops[i], cos, sin, k_cache, v_cache, meta)
+                x = decoder_layer(x, ops[i], c, s, k_cache, v_cache, meta)
         return self.norm(x)
 
     @torch.inference_mode()
@@ -123,4 +136,6 @@ class LlamaModel(nn.Module):
         """Logits [len(indices), vocab] for the selected rows of `hidden` (all rows if None), fp32."""
         if indices is not None:
             hidden = hidden[indices]
-        return (self.head_op or self.lm_head)(hidden).float()
+        logits = (self.head_op or self.lm_head)(hidden).float()
+        cap = self.config.final_logit_softcapping
+        return logits if not cap else torch.tanh(logits / cap) * cap

@@ -20,6 +20,8 @@ def native_decoder(layers) -> object | None:
     kernels = cpu_kernels()
     if kernels is None or not kernels.gguf_available() or len(layers) == 0:
         return None
+    if not all(getattr(layer, "native", True) for layer in layers):
+        return None  # a layer that declares the llama block's C++ decoder does not run it (variants.py)
     first = layers[0]
     a = first.self_attn
     eps = first.input_layernorm.eps

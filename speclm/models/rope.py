@@ -3,6 +3,7 @@ factors), the cos/sin tables, and the rotation."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -71,8 +72,11 @@ INITIAL_POSITIONS = 4096  # the tables' first size; they double when a position 
 class RotaryEmbedding(nn.Module):
     """Cos/sin tables in the half-split (GPT-NeoX / Hugging Face) layout, grown on demand."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, local: bool = False) -> None:
         super().__init__()
+        if local:  # a local (sliding-window) layer's tables: its own base, no scaling (gemma3)
+            config = dataclasses.replace(config, rope_theta=config.rope_local_theta, rope_scaling=None)
+        self.local = local
         inv_freq, self.attention_scaling = rope_inverse_frequencies(config)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("cos_table", torch.empty(0), persistent=False)

@@ -20,7 +20,7 @@ from speclm.models.gguf_loader import (
     open_gguf,
     rope_rows_to_half_split,
 )
-from speclm.models.gguf_names import gguf_name
+from speclm.models.gguf_names import gguf_name, hf_name, layer_names
 from speclm.models.loader import default_model_path, load_checkpoint
 from speclm.sampling_params import SamplingParams
 from tests.models.gguf_reference import dequantize_rows
@@ -178,6 +178,21 @@ def test_export_rejects_bad_tensor_type(tmp_path):
     assert gguf_name("model.layers.7.self_attn.o_proj.weight") == "blk.7.attn_output.weight"
     with pytest.raises(ValueError, match="vision"):
         gguf_name("vision.tower.weight")
+
+
+def test_family_tensor_names_both_ways():
+    """gemma3 renames llama's ffn_norm (its norm before the MLP) and adds norms; each family's names
+    invert, and llama's table is unchanged by them."""
+    assert hf_name("blk.2.ffn_norm.weight") == "model.layers.2.post_attention_layernorm.weight"
+    assert hf_name("blk.2.ffn_norm.weight", "gemma3") == "model.layers.2.pre_feedforward_layernorm.weight"
+    assert hf_name("blk.2.post_attention_norm.weight", "gemma3") == "model.layers.2.post_attention_layernorm.weight"
+    assert hf_name("blk.2.attn_q_norm.weight", "qwen3") == "model.layers.2.self_attn.q_norm.weight"
+    assert hf_name("blk.2.attn_q_norm.weight") is None
+    for arch in ("llama", "qwen2", "qwen3", "gemma3"):
+        for gg in layer_names(arch):
+            assert gguf_name(hf_name(f"blk.5.{gg}", arch), arch) == f"blk.5.{gg}"
+    with pytest.raises(ValueError):
+        gguf_name("model.layers.0.post_feedforward_layernorm.weight")  # not a llama tensor
 
 
 def test_export_with_tokenizer_round_trips(default_llm, tmp_path):
