@@ -19,6 +19,7 @@ from speclm.models.checkpoint import (
     single_threaded,
     trim_freed_memory,
 )
+from speclm.models.device import gpu_dtype
 from speclm.models.gguf_weights import (
     NATIVE_TYPES,
     NO_ORDER,
@@ -53,6 +54,8 @@ def build_model(
     Layers are built one at a time, so at most one layer's float weights exist beside the model.
     """
     fmt = WeightFormat.parse(weights)
+    if torch.device(device).type == "cuda":
+        return _build_on_gpu(checkpoint, fmt, torch.device(device))
     native = native_source_applies(checkpoint)
     if fmt.name == "auto" and not native:
         fmt = WeightFormat("fp32")
@@ -72,6 +75,22 @@ def build_model(
     trim_freed_memory()
     model.weight_format = fmt
     model.head_rows = source.head_rows if isinstance(source, NativeSource) else None
+    return model.eval()
+
+
+GPU_FORMATS = ("auto", "bf16", "fp32")  # a GPU runs dense layers only (speclm's quantized kernels are CPU code)
+
+
+def _build_on_gpu(checkpoint: Checkpoint, fmt: WeightFormat, device: torch.device) -> LlamaModel:
+    """The decoder with dense weights on a GPU: a GGUF file's tensors dequantized, safetensors and llama2.c
+    as stored, all cast to bf16 (`auto`: fp16 on a GPU without bf16) or kept fp32 (`fp32`, the exact
+    reference). Norms, embedding and the residual stream take the same dtype, so no CPU kernel applies
+    (speclm.models.gpu_attention holds the GPU attention)."""
+    if fmt.name not in GPU_FORMATS:
+        raise ValueError(f"--weights {fmt.label} runs on the CPU only; on {device} use one of {', '.join(GPU_FORMATS)}")
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(fmt.name) or gpu_dtype(device)
+    model = _build(checkpoint, FloatSource(checkpoint, WeightFormat("fp32"), dtype, device), dtype, device)
+    model.weight_format, model.head_rows = fmt, None
     return model.eval()
 
 
@@ -121,6 +140,8 @@ class FloatSource:
 
     def linear(self, names: list[str], bias: torch.Tensor | None, head: bool = False) -> nn.Module:
         weight = torch.cat([self.tensor(n) for n in names]) if len(names) > 1 else self.tensor(names[0])
+        if bias is not None and self.fmt.name == "fp32" and bias.dtype != self.dtype:  # (a GPU's bf16 layers)
+            bias = bias.to(self.dtype)
         return make_linear(weight, bias, head_format(self.fmt) if head else self.fmt)
 
     def embedding(self, name: str) -> nn.Module:
