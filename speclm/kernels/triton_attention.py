@@ -39,7 +39,7 @@ def _paged_attention_kernel(
 ):
     row = tl.program_id(0)
     kv = tl.program_id(1)
-    length = tl.load(lengths_ptr + row)
+    length = tl.load(lengths_ptr + row).to(tl.int32)
     table_row = tl.load(table_rows_ptr + row)
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, DIM_PAD)
