@@ -361,6 +361,9 @@ def main() -> int:
     p.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every part's timeout")
     args = p.parse_args()
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"error: --device {args.device}, but torch sees no CUDA GPU (torch {torch.__version__})", file=sys.stderr)
+        return 2
     if args.part:  # the child: one part, its JSON on stdout's last line
         torch.set_num_threads(min(8, os.cpu_count() or 1))
         print(json.dumps(run_part(args.part, device, args.tiny)))
