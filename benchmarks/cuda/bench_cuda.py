@@ -96,7 +96,7 @@ def random_pair(shapes: dict, device: torch.device):
     from speclm.models.config import ModelConfig
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    config = Qwen2Config(**{k: v for k, v in shapes.items() if k != "architectures"})
+    config = Qwen2Config(**{k: v for k, v in shapes.items() if k not in ("architectures", "model_type")})
     torch.manual_seed(0)
     with torch.device(device):
         hf = AutoModelForCausalLM.from_config(config, torch_dtype=dtype, attn_implementation="sdpa").eval()
@@ -119,10 +119,18 @@ def pair_from_file(path: str, device: torch.device):
     llm = LLM(path, device=str(device))
     checkpoint = load_checkpoint(path)
     dtype = llm.model.norm.weight.dtype
-    config = LlamaConfig(**{k: v for k, v in checkpoint.config.to_hf_dict().items() if k != "architectures"})
+    config = LlamaConfig(
+        **{k: v for k, v in checkpoint.config.to_hf_dict().items() if k not in ("architectures", "model_type")}
+    )
     with torch.device(device):
         hf = AutoModelForCausalLM.from_config(config, torch_dtype=dtype, attn_implementation="sdpa").eval()
-    hf.load_state_dict({k: checkpoint.tensors[k].to(dtype) for k in checkpoint.tensors}, strict=False)
+    missing, unexpected = hf.load_state_dict(
+        {k: checkpoint.tensors[k].to(dtype) for k in checkpoint.tensors}, strict=False
+    )
+    if unexpected or set(missing) - {"lm_head.weight"}:  # (a tied head is the embedding, not a tensor of its own)
+        raise ValueError(f"transformers' model does not take the file's tensors: {missing[:3]} {unexpected[:3]}")
+    if config.tie_word_embeddings:
+        hf.tie_weights()
     return hf, llm
 
 

@@ -109,7 +109,7 @@ def paged_attention(
     group = heads // kv
     dim_pad = triton.next_power_of_2(head_dim)
     use_dot = head_dim >= 16 and dim_pad == head_dim
-    group_pad = max(16, triton.next_power_of_2(group)) if use_dot else triton.next_power_of_2(group)
+    group_pad = max(16 if use_dot else 2, triton.next_power_of_2(group))  # (tl.dot takes 16 rows at least)
     table = table.contiguous()
     _paged_attention_kernel[(n, kv)](
         q,
