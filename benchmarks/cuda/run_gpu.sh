@@ -2,9 +2,9 @@
 # The GPU checks of issue 32 in one prepared run, from the repository root, results under $OUT:
 #   bash benchmarks/cuda/run_gpu.sh [all|tests|bench]      (default all: about 7 minutes at most on an H100: tests 210 s, benchmark 270 s, hard limits)
 # Each step is isolated: it has its own hard timeout, writes its own log, and a failure does not stop the
-# next step. Wheels of what speclm imports and the GPU machine may lack (gguf, tqdm; pytest for the tests)
-# come from .whl/ (carried; see benchmarks/cuda/README.md). The default 135M model travels in two halves
-# (.m135/smollm135m.gguf.part00, part01: one call each) and is joined here when both are present.
+# next step. What speclm imports and the GPU image lacks (gguf) comes as a wheel from .whl/ (carried; see
+# benchmarks/cuda/README.md). The default 135M model travels in three parts (.m135/smollm135m.gguf.part00..02,
+# one call each: the tree and what it carries must stay under 64 MiB a call) and is joined here when all are.
 set -u
 WHAT=${1:-all}
 OUT=${OUT:-/tmp/speclm_gpu_out}
@@ -18,18 +18,20 @@ step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
 
 step "setup"
 if ls .whl/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || echo "wheel install failed"
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
+    echo "wheel install failed"
 fi
-if [ -f .m135/smollm135m.gguf.part00 ] && [ -f .m135/smollm135m.gguf.part01 ]; then
-  cat .m135/smollm135m.gguf.part00 .m135/smollm135m.gguf.part01 > /tmp/smollm135m.gguf
+PARTS=$(ls .m135/smollm135m.gguf.part* 2>/dev/null | sort)
+if [ -n "$PARTS" ]; then
+  cat $PARTS > /tmp/smollm135m.gguf
   if [ "$(sha256sum /tmp/smollm135m.gguf | cut -c1-64)" = "$(cat .m135/sha256 2>/dev/null)" ]; then
     export SPECLM_BENCH_135M=/tmp/smollm135m.gguf
-    echo "135M model joined: $SPECLM_BENCH_135M"
+    echo "135M model joined from $(echo $PARTS | wc -w) parts: $SPECLM_BENCH_135M"
   else
-    echo "135M halves joined to a file with the wrong checksum: not used"
+    echo "135M parts present ($(echo $PARTS | wc -w)) but the joined file's checksum differs: not used"
   fi
 else
-  echo "135M model halves not both present: its benchmark part is skipped"
+  echo "no 135M model parts: its benchmark part is skipped"
 fi
 
 step "machine"
@@ -50,7 +52,9 @@ EOF
 
 if [ "$WHAT" = all ] || [ "$WHAT" = tests ]; then
   step "pytest -m cuda"
+  # (pytest-timeout is in the GPU image: one hung test fails alone)
   timeout -k 10 ${TEST_TIMEOUT:-210} $PY -m pytest -m cuda tests/cuda -v -rA -p no:cacheprovider --durations=15 \
+    $($PY -c "import pytest_timeout" 2>/dev/null && echo --timeout=90) \
     --junitxml="$OUT/junit_cuda.xml" > "$OUT/pytest_cuda.log" 2>&1
   echo "pytest exit $?"
   tail -n 60 "$OUT/pytest_cuda.log"
