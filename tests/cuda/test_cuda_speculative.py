@@ -17,6 +17,7 @@ METHODS = {
     "layerskip": "layerskip:2",
     "draft": "draft:{perturbed},weights=fp32,vocab=0",  # a draft that disagrees, so rejections happen too
     "draft-tree": "draft:{perturbed},weights=fp32,vocab=0,branch=0.9",
+    "draft-token-map": "draft:{perturbed},vocab=300",  # the GPU's default draft format, a head over 300 tokens
 }
 
 
