@@ -6,21 +6,28 @@ import math
 from dataclasses import dataclass
 
 SPEC_METHODS_HELP = (
-    "ngram | ngram:MAX_N | lookahead[:W,N,G] | layerskip:N | draft:PATH[,vocab=V,weights=FORMAT,branch=T] | "
+    "ngram | ngram:MAX_N | lookahead[:W,N,G] | layerskip:N | "
+    "draft:PATH[,vocab=V,weights=FORMAT,branch=T,window=W,sinks=S,lookup=on|off] | "
     "medusa:PATH[,width=W] | eagle:PATH[,topk=T,beam=B,depth=D] (lookahead: Jacobi window W, N-grams, G "
-    "candidates, default 5,3,3; draft: drafts over the V most frequent tokens (default 32768; 0 = all), "
-    "on FORMAT weights (default q4_0: the draft's numerics never change the output), as a tree with a second "
-    "branch where its top probability is below T (default 0: a chain); medusa/eagle: K is the tree's node "
-    "budget; eagle topk=1 drafts a chain of K)"
+    "candidates, default 5,3,3; draft: prompt lookup where the context repeats itself and the draft model "
+    "elsewhere, chosen per step (lookup=off: the draft model only), the draft drafting over the V most "
+    "frequent tokens (default 32768; 0 = all), on FORMAT weights (default q4_0: the draft's numerics never "
+    "change the output), as a tree with a second branch where its top probability is below T (default 0: a "
+    "chain), reading of a prompt longer than S+W tokens only its first S and its last W (window=W; default "
+    "window=0: all of it, which kept more drafts accepted; sinks default 4); medusa/eagle: K is the tree's "
+    "node budget; eagle topk=1 drafts a chain of K)"
 )
 # draft:PATH options: vocab = size of the draft's output head (0: the whole vocabulary; a distilled draft's
-# own token map wins); weights = the draft's runtime format (see WEIGHTS_HELP below). The defaults are the
-# cheapest draft measured on the real pair (docs/speculation.md); the target verifies, so both are exact.
+# own token map wins); weights = the draft's runtime format (see WEIGHTS_HELP below). The defaults make the
+# cheapest draft of the real pair (measured in docs/speculation.md); the target verifies, so both are exact.
 # branch = T in (0, 1): a token tree with the draft's second choice as a leaf where its first has
-# probability below T (0: a chain).
-DRAFT_OPTIONS = {"vocab": 32768, "weights": "q4_0", "branch": 0.0}
-# Defaults sized for a CPU, where a verification pass over more than ~4 rows costs 2-6x a one-token
-# pass (benchmarks/tree_cost.md) and every draft depth costs an output-head matmul.
+# probability below T (0: a chain). window = W, sinks = S: the draft reads only the first S and the last W
+# tokens of a longer prompt (window 0, the default: all of it; a window lowered acceptance on rag and
+# summarization prompts, benchmarks/draft_window/draft_window.md).
+# lookup: prompt lookup drafts where it is expected to beat the draft model (speclm/speculative/hybrid.py).
+DRAFT_OPTIONS = {"vocab": 32768, "weights": "q4_0", "branch": 0.0, "window": 0, "sinks": 4, "lookup": True}
+# Defaults sized for a CPU, where a verification pass costs more with every row past a few
+# (benchmarks/tree_cost.md) and every draft depth costs an output-head matmul.
 HEAD_OPTIONS = {"medusa": {"width": 3}, "eagle": {"topk": 2, "beam": 2, "depth": 5}}
 # lookahead:W,N,G default: a window of W future positions, N-grams, up to G pool candidates per step.
 LOOKAHEAD_SHAPE = (5, 3, 3)
@@ -87,20 +94,24 @@ class SpecConfig:
         """For draft: the model path and its options (defaults filled in)."""
         path, *items = (self.argument or "").split(",")
         if not path:
-            raise ValueError("draft needs a model path, e.g. draft:/path/to/model.gguf[,vocab=32768,weights=q4_0]")
+            raise ValueError(
+                "draft needs a model path, e.g. draft:/path/to/model.gguf[,vocab=32768,weights=q4_0,window=512]"
+            )
         options = dict(DRAFT_OPTIONS)
         for item in items:
             key, _, value = item.partition("=")
-            if key == "vocab" and value.isdigit():
+            if key in ("vocab", "window", "sinks") and value.isdigit():
                 options[key] = int(value)
+            elif key == "lookup" and value in ("on", "off"):
+                options[key] = value == "on"
             elif key == "weights" and value:
                 options[key] = WeightFormat.parse(value).label  # ValueError for an unknown format
             elif key == "branch" and _is_fraction(value):
                 options[key] = float(value)
             else:
                 raise ValueError(
-                    f"bad draft option {item!r}; expected vocab=N (0 = all tokens), weights=FORMAT or "
-                    "branch=T (0 <= T < 1)"
+                    f"bad draft option {item!r}; expected vocab=N (0 = all tokens), weights=FORMAT, "
+                    "branch=T (0 <= T < 1), window=N (0 = the whole prompt), sinks=N or lookup=on|off"
                 )
         return path, options
 

@@ -34,8 +34,10 @@ class LLM:
     adaptive; the node budget of medusa/eagle trees). weights: the runtime format of the linear
     layers: auto (the default: a GGUF file's own quantization types, fp32 for other files) | fp32 |
     bf16 | int8 | int4[:GROUP] (see speclm.models.quant_linear). cache: the paged KV cache the engine
-    runs on. device: auto (the default: a CUDA GPU when torch sees one, else the CPU) | cpu | cuda |
-    cuda:N; on a GPU the weights are dense bf16 (auto, bf16; fp16 where bf16 is missing) or fp32.
+    runs on; spec_max_batch: the engine drafts only in steps with at most this many running sequences.
+    device: auto (the default: a CUDA GPU when torch sees one, else the CPU) | cpu | cuda | cuda:N; on a
+    GPU the weights are dense bf16 (auto, bf16; fp16 where bf16 is missing) or fp32.
+    Prompts are checked here (the engine trusts its requests): a bad one raises ValueError.
 
     generate() runs all its prompts together in one batch; each result equals that prompt run alone.
     """
@@ -50,6 +52,7 @@ class LLM:
         threads: int | None = None,
         weights: str | None = "auto",
         cache: CacheConfig | None = None,
+        spec_max_batch: int = 8,
         device: str | None = "auto",
     ) -> None:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -72,7 +75,7 @@ class LLM:
             )
         self.runner = ModelRunner(self.model)
         self.proposers = ProposerFactory(self.model, self.weights)
-        self.cache_config = cache or CacheConfig()
+        self.cache_config, self.spec_max_batch = cache or CacheConfig(), spec_max_batch
         self._ids = itertools.count()
         self._set_spec(spec)
 
@@ -80,15 +83,29 @@ class LLM:
         if spec is not None:
             self.proposers(spec)  # builds (and so checks) the proposer now, not at the first request
         self.spec = spec
-        self.engine = Engine(self.runner, self.tokenizer, self.cache_config, spec, self.proposers)
+        self.engine = Engine(self.runner, self.tokenizer, self.cache_config, spec, self.proposers, self.spec_max_batch)
 
     def with_spec(self, spec: str | SpecConfig | None, num_speculative_tokens: int = 4, adaptive: bool = True) -> LLM:
         """A new LLM sharing this one's weights, tokenizer and loaded proposers, with another speculative method."""
+        other = self._sibling()
+        other._set_spec(SpecConfig.parse(spec, num_speculative_tokens, adaptive) if isinstance(spec, str) else spec)
+        return other
+
+    def with_engine(self, cache: CacheConfig | None = None, spec_max_batch: int | None = None) -> LLM:
+        """A new LLM sharing this one's weights, tokenizer, speculative method and loaded proposers, with an
+        engine of its own over `cache` (default: this one's cache settings)."""
+        other = self._sibling()
+        other.cache_config = cache or self.cache_config
+        other.spec_max_batch = self.spec_max_batch if spec_max_batch is None else spec_max_batch
+        other._set_spec(self.spec)
+        return other
+
+    def _sibling(self) -> LLM:
+        """A copy without an engine (the caller builds one), with proposer state of its own."""
         other = object.__new__(LLM)
-        other.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("engine", "spec", "_ids")})
+        other.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("engine", "_ids")})
         other._ids = itertools.count()
         other.proposers = self.proposers.for_another_engine()
-        other._set_spec(SpecConfig.parse(spec, num_speculative_tokens, adaptive) if isinstance(spec, str) else spec)
         return other
 
     # -- prompts -------------------------------------------------------------------------
@@ -96,6 +113,9 @@ class LLM:
         return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
 
     def _request(self, prompt_ids: list[int], params: SamplingParams | None) -> Request:
+        """The engine's request for a prompt, checked against the engine's limits (ValueError: empty,
+        ids outside the vocabulary, or no room for one generated token)."""
+        self.engine.limits.check_prompt(prompt_ids)
         return Request(str(next(self._ids)), prompt_ids, params or SamplingParams())
 
     # -- generation ----------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 torch's default is one thread per physical core, and its OpenMP threads wait for each other at the end
 of every parallel region. When other processes hold cores, a descheduled thread stalls all the others
-and a request can take many times longer than on fewer threads (benchmarks/contention.md; passive
+and a request can take many times longer than on fewer threads (benchmarks/contention/contention.md; passive
 OpenMP waiting helps under load but costs on a quiet machine, so it is not the default). So the default
 is the number of cores idle right now, sampled from /proc/stat, at least 1; the runner warns later if
 steps become slow anyway.

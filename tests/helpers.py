@@ -3,6 +3,11 @@ contiguous cache (what a model computes for a sequence, outside the engine)."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
 import torch
 
 from speclm.config import CacheConfig, SpecConfig
@@ -42,3 +47,16 @@ class ContiguousPass:
 
     def logits(self, tokens: list[int], start: int) -> torch.Tensor:  # [n, vocab]
         return self.model.compute_logits(self.hidden(tokens, start))
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """benchmarks/NAME/NAME.py as a module: the benchmark scripts live outside the package (speclm imports
+    none of them), so a test of one loads it by its path, as `python benchmarks/NAME/NAME.py` would run it."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / name / f"{name}.py"
+    module_name = f"benchmark_{name}"
+    if module_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[module_name]

@@ -115,3 +115,13 @@ def test_top_level_help_lists_commands(capsys):
     out = capsys.readouterr().out
     for command in build_parser()._subparsers._group_actions[0].choices:
         assert command in out
+
+
+def test_generate_compare_ar_prints_both_speeds_and_the_same_text(capsys):
+    argv = ["--prompt", "Tom had a red ball. Tom had a red ball. Tom", "--max-tokens", "24", "--spec", "ngram"]
+    code, out, err = run_cli(capsys, "generate", *STORIES, *argv, "--compare-ar")
+    assert code == 0, err
+    assert "plain decoding" in err and "x faster" in err and "the same text, token for token" in err
+    assert out == run_cli(capsys, "generate", *STORIES, *argv)[1]  # the speculative run's text, streamed
+    code, _, err = run_cli(capsys, "generate", *STORIES, "--prompt", "x", "--compare-ar")  # no --spec
+    assert code != 0 and "--compare-ar" in err

@@ -1,10 +1,15 @@
 """The code's shape, checked: packages import only downwards along the data flow, no module import
-cycle, no file over 400 lines (see docs/layout.md)."""
+cycle, no file over 400 lines, the package ships the product only: nothing from benchmarks/ or tests/,
+no plotting at import (see docs/layout.md)."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "speclm"
 MAX_LINES = 400
@@ -116,6 +121,69 @@ def test_no_file_over_400_lines():
         if (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert long == {}
+
+
+def module_level_imports(tree: ast.AST) -> list[str]:
+    """The modules a file imports when it is imported: every import outside function bodies."""
+    found: list[str] = []
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            continue
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append(node.module)
+        found += module_level_imports(node)
+    return found
+
+
+def all_imports(tree: ast.AST) -> list[str]:
+    return [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names] + [
+        n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and n.level == 0
+    ]
+
+
+def test_the_package_imports_nothing_from_benchmarks_or_tests():
+    bad = {
+        str(p.relative_to(ROOT.parent)): name
+        for p in ROOT.rglob("*.py")
+        for name in all_imports(ast.parse(p.read_text()))
+        if name.split(".")[0] in ("benchmarks", "tests")
+    }
+    assert bad == {}
+
+
+def test_no_package_module_imports_matplotlib_when_imported():
+    """matplotlib is the `bench` extra: a module may import it inside the function that plots only."""
+    bad = {
+        str(p.relative_to(ROOT.parent)): name
+        for p in ROOT.rglob("*.py")
+        for name in module_level_imports(ast.parse(p.read_text()))
+        if name.split(".")[0] == "matplotlib"
+    }
+    assert bad == {}
+    # The check sees the import inside the plotting function, so it would see one at module level.
+    assert "matplotlib" in all_imports(ast.parse((ROOT / "bench" / "report.py").read_text()))
+
+
+def test_importing_speclm_and_its_bench_command_loads_no_plotting_and_no_benchmark_script():
+    code = (
+        "import sys, speclm, speclm.cli, speclm.cli.bench, speclm.cli.bench_serve, speclm.bench.report; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'matplotlib', 'benchmarks', 'tests'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_runtime_dependencies_leave_plotting_and_peers_to_extras():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["project"]
+    runtime = {d.split(">")[0].split("=")[0].split("[")[0].strip().lower() for d in project["dependencies"]}
+    assert not runtime & {"matplotlib", "transformers", "llama-cpp-python"}
+    extras = project["optional-dependencies"]
+    assert any(d.startswith("matplotlib") for d in extras["bench"])
+    assert any(d.startswith("llama-cpp-python") for d in extras["peers"])
+    assert not any(d.startswith("llama-cpp-python") for d in extras["test"] + extras["bench"])
 
 
 if __name__ == "__main__":

@@ -1,10 +1,16 @@
-"""The Python API's sampling behaviour on stories260K: seeds, top_k=1, stop strings, EOS, max_tokens."""
+"""The Python API's sampling behaviour on stories260K: seeds, top_k=1, stop strings, EOS, max_tokens,
+and its prompt checks (the engine trusts its requests)."""
 
 from __future__ import annotations
 
 import copy
+import re
+
+import pytest
 
 from speclm import SamplingParams
+from speclm.engine.engine import Engine
+from speclm.engine.request import Request
 from tests.conftest import STORIES_GOLDEN
 
 GOLDEN_IDS = [403, 407, 261, 378, 432, 383]
@@ -43,17 +49,24 @@ def test_max_tokens_is_respected(stories_llm):
         assert out.finish_reason == "length" and out.stats.completion_tokens == n
 
 
-def _with_eos(llm, eos_id: int):
-    """The same model with `eos_id` as its end-of-sequence token (stories260K rarely emits its real EOS)."""
-    other = llm.with_spec(None)
-    other.engine.tokenizer = copy.copy(llm.tokenizer)
-    other.engine.tokenizer.eos_token_ids = [eos_id]
-    return other
+class _WithEos:
+    """`llm`'s model and speculative method in an engine of its own whose tokenizer has `eos_id` as its
+    end-of-sequence token (stories260K rarely emits its real EOS); `llm`'s tokenizer is left alone."""
+
+    def __init__(self, llm, eos_id: int) -> None:
+        tokenizer = copy.copy(llm.tokenizer)
+        tokenizer.eos_token_ids = [eos_id]
+        self.llm = llm
+        self.engine = Engine(llm.runner, tokenizer, llm.cache_config, llm.spec, llm.proposers.for_another_engine())
+
+    def generate(self, prompt: str, params: SamplingParams):
+        return self.engine.generate([Request("eos", self.llm.encode(prompt), params)], prompts=[prompt])[0]
 
 
 def test_eos_stops_generation(stories_llm):
-    llm = _with_eos(stories_llm, GOLDEN_IDS[4])
+    llm = _WithEos(stories_llm, GOLDEN_IDS[4])
     out = llm.generate("", SamplingParams(max_tokens=40))[0]
+    assert stories_llm.tokenizer.eos_token_ids != [GOLDEN_IDS[4]]
     assert out.token_ids == GOLDEN_IDS[:5]  # the EOS token is reported ...
     assert out.text == stories_llm.tokenizer.decode(GOLDEN_IDS[:4])  # ... but not in the text
     assert out.finish_reason == "stop"
@@ -63,7 +76,7 @@ def test_eos_stops_generation(stories_llm):
 
 
 def test_eos_stops_speculative_generation_too(stories_llm):
-    llm = _with_eos(stories_llm.with_spec("ngram"), GOLDEN_IDS[4])
+    llm = _WithEos(stories_llm.with_spec("ngram"), GOLDEN_IDS[4])
     out = llm.generate("", SamplingParams(max_tokens=40))[0]
     assert out.token_ids == GOLDEN_IDS[:5] and out.finish_reason == "stop"
 
@@ -85,3 +98,18 @@ def test_generation_stops_at_the_context_limit(stories_llm):
     assert len(plain.token_ids) == 7 and plain.finish_reason == "length"
     spec = stories_llm.with_spec("ngram").generate([ids], SamplingParams(max_tokens=100))[0]
     assert spec.token_ids == plain.token_ids and spec.finish_reason == "length"
+
+
+def test_bad_prompts_raise_value_error_before_anything_runs(stories_llm):
+    """Every prompt check of the Python API: empty, ids outside the vocabulary, no room in the context."""
+    vocab, context = stories_llm.model.config.vocab_size, stories_llm.engine.limits.max_total_tokens
+    for prompt, message in (
+        ([], "the prompt is empty"),
+        ([1, vocab], f"prompt token ids must be in 0..{vocab - 1}"),
+        ([1] * context, f"prompt is {context} tokens but "),
+    ):
+        for call in (lambda p: stories_llm.generate([p]), lambda p: list(stories_llm.stream(p))):
+            with pytest.raises(ValueError, match=re.escape(message)):
+                call(prompt)
+    assert not stories_llm.engine.has_unfinished()
+    assert stories_llm.generate("Once", SamplingParams(max_tokens=3))[0].finish_reason == "length"

@@ -83,6 +83,7 @@ def llm_from_model(model, tokenizer):
     llm.weights, llm.device, llm.model_path = WeightFormat("auto"), model.device, "in-memory"
     llm.model, llm.tokenizer, llm.runner = model, tokenizer, ModelRunner(model)
     llm.proposers, llm.cache_config, llm._ids = ProposerFactory(model, llm.weights), CacheConfig(), itertools.count()
+    llm.spec_max_batch = 8  # (LLM's default)
     llm._set_spec(None)
     return llm
 

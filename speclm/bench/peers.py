@@ -106,7 +106,7 @@ class LlamaCppPeer:
             from llama_cpp import Llama
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
         except ImportError as e:
-            raise ValueError("peer llama.cpp needs `pip install llama-cpp-python` (speclm[bench])") from e
+            raise ValueError("peer llama.cpp needs `pip install llama-cpp-python` (speclm[peers])") from e
         draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup) if prompt_lookup else None
         self.llama = Llama(
             model_path,

@@ -72,12 +72,21 @@ def markdown_table(
     return "\n".join(lines) + "\n"
 
 
-def plot_speedups(path: str, summary: dict, methods: list[str], title: str) -> None:
-    import matplotlib
-
+def pyplot():
+    """matplotlib.pyplot on a file-only backend; matplotlib is the `bench` extra, not a runtime dependency,
+    so it is imported here, when a plot is made, and its absence says how to install it."""
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ImportError("speclm bench plots with matplotlib: pip install 'speclm[bench]'") from e
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_speedups(path: str, summary: dict, methods: list[str], title: str) -> None:
+    plt = pyplot()
     categories = sorted(c for c in summary if c != "overall") + ["overall"]
     spec_methods = [m for m in methods if m != "ar"]
     width = 0.8 / max(len(spec_methods), 1)

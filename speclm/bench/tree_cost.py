@@ -74,7 +74,7 @@ def _lazy_tree_pass(runner: ModelRunner, cache, entry: BatchEntry, tree: TokenTr
     _, hidden, _ = runner.forward_batch(cache, [entry])
     row_logits = runner.row_logits(hidden)
     for row in tree.row_paths()[-1][:3]:
-        row_logits(row)
+        row_logits.row(row)
 
 
 def markdown(records: list[dict], title: str, command: str, machine: dict) -> str:

@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         return run_tree(load_llm(args), sizes, args)
     args.name = args.name or "spec_bench"
     from speclm.bench.machine import machine_info
-    from speclm.bench.report import markdown_table, output_paths, plot_speedups, write_json
+    from speclm.bench.report import markdown_table, output_paths, plot_speedups, pyplot, write_json
     from speclm.bench.spec_bench import aggregate, parse_method, run_methods
     from speclm.data import load_prompts
     from speclm.sampling_params import SamplingParams
@@ -189,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
     categories = args.categories.split(",") if args.categories else None
     prompts = load_prompts(args.prompts, args.per_category or None, categories)
     args.spec = None
+    pyplot()  # the plot needs the `bench` extra: say so before the slow load and run, not after
     llm = load_llm(args)
     bench_peers = [llama_peer(name, llm.model_path, methods, args) for name in LLAMA_PEERS if name in peers]
     bench_peers += [transformers_peer(name, llm, methods, args) for name in TRANSFORMERS_PEERS if name in peers]

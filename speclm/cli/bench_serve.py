@@ -103,7 +103,8 @@ def run_kv(args: argparse.Namespace) -> int:
     config = cache_config(args)
     if config.token_eviction:
         raise ValueError(
-            "bench kv compares int8 and streaming caches; for h2o and snapkv run python -m speclm.bench.kv_eviction"
+            "bench kv compares int8 and streaming caches; for h2o and snapkv run "
+            "python benchmarks/kv_eviction/kv_eviction.py"
         )
     window = config.streaming_window
     config = dataclasses.replace(config, streaming_window=None, kv_eviction=None, kv_budget=None)

@@ -157,8 +157,9 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
     )
 
 
-def load_llm(args: argparse.Namespace):
-    """The LLM the options describe, with a stage line before and after the load (which can take a while
+def load_llm(args: argparse.Namespace, cache=None, spec_max_batch: int = 8):
+    """The LLM the options describe (`cache`: its engine's CacheConfig; default: the eviction options'
+    or the default cache), with a stage line before and after the load (which can take a while
     for a big model: reading, repacking, the first kernel build) so a terminal or a log never sits silent."""
     import time
 
@@ -169,7 +170,8 @@ def load_llm(args: argparse.Namespace):
     from speclm.models.device import describe
 
     device = resolve_device_arg(args)
-    cache = CacheConfig(**eviction_options(args)) if getattr(args, "kv_eviction", None) else None
+    if cache is None and getattr(args, "kv_eviction", None):
+        cache = CacheConfig(**eviction_options(args))
     spec = getattr(args, "spec", None)
     if spec:
         SpecConfig.parse(spec, getattr(args, "k", 4))
@@ -187,6 +189,7 @@ def load_llm(args: argparse.Namespace):
         threads=args.threads,
         weights=args.weights,
         cache=cache,
+        spec_max_batch=spec_max_batch,
         device=str(device),
     )
     print(f"speclm: loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)

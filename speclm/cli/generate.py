@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -33,6 +34,12 @@ def register(sub) -> None:
     p.add_argument(
         "--json", action="store_true", help='print {"text", "token_ids", "finish_reason", "stats"} as one JSON object'
     )
+    p.add_argument(
+        "--compare-ar",
+        action="store_true",
+        help="with --spec and greedy decoding: first decode the prompt plainly (no speculation), then print both "
+        "speeds, the speedup, and whether the texts are equal (they must be: exit status 1 if not)",
+    )
     add_model_args(p)
     add_sampling_args(p)
     add_spec_args(p)
@@ -45,12 +52,13 @@ def run(args: argparse.Namespace) -> int:
     CacheConfig(**eviction_options(args))
     if args.prompt is None and sys.stdin.isatty():
         print("speclm generate: type the prompt, then Ctrl-D on a line of its own (or pass --prompt)", file=sys.stderr)
+    if args.compare_ar and (args.spec is None or not params.greedy):
+        raise ValueError("--compare-ar compares speculative with plain greedy decoding: needs --spec, temperature 0")
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     llm = load_llm(args)
-    if args.chat:
-        chunks = llm.stream_chat([{"role": "user", "content": prompt}], params)
-    else:
-        chunks = llm.stream(prompt, params)
+    prompt_ids = llm.tokenizer.encode_chat([{"role": "user", "content": prompt}]) if args.chat else llm.encode(prompt)
+    plain = plain_run(llm, prompt_ids, params) if args.compare_ar else None
+    chunks = llm.stream(prompt_ids, params)
     output = None
     for chunk in chunks:
         if not args.json and chunk.text:
@@ -62,4 +70,28 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write("\n")
         print(stats_line(output.stats, llm.spec.label if llm.spec else None), file=sys.stderr)
+    if plain is not None:
+        return compare_line(plain, output, llm.spec.label)
     return 0
+
+
+def plain_run(llm, prompt_ids: list[int], params):
+    """The prompt decoded without speculation (both engines warmed up first: lazy first-call costs stay out)."""
+    plain = llm.with_spec(None)
+    warm = dataclasses.replace(params, max_tokens=4)
+    for engine in (plain, llm):
+        engine.generate(prompt_ids[:8], warm)
+    return plain.generate(prompt_ids, params)[0]
+
+
+def compare_line(plain, output, label: str) -> int:
+    """Print both runs' speeds and whether their texts agree; 1 if they do not."""
+    same = plain.token_ids == output.token_ids
+    a, s = plain.stats, output.stats
+    print(
+        f"[plain decoding {a.tokens_per_s:.1f} tokens/s, {label} {s.tokens_per_s:.1f} tokens/s: "
+        f"{s.tokens_per_s / a.tokens_per_s:.2f}x faster, measured in this run; "
+        f"{'the same text, token for token' if same else 'THE TEXTS DIFFER'}]",
+        file=sys.stderr,
+    )
+    return 0 if same else 1

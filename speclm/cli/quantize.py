@@ -36,7 +36,7 @@ def register(sub) -> None:
         default=True,
         help="GPTQ: quantize columns by descending Hessian diagonal, group params fixed up front (static "
         "groups, so stored groups stay contiguous). Default on: without it GPTQ int4 lost to RTN on "
-        "SmolLM2 (benchmarks/compression.md)",
+        "SmolLM2 (benchmarks/compression/compression.md)",
     )
     p.add_argument(
         "--percdamp", type=float, default=0.01, help="GPTQ: Hessian dampening, fraction of its mean diagonal"

@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     cache = cache_config(args)  # validate before the slow model load
     server = server_config(args, args.served_model_name or "")
-    llm = load_llm(args)
+    llm = load_llm(args, cache, args.spec_max_batch)  # its engine is the one served
     server.model_name = args.served_model_name or served_model_name(llm.model_path)
     uvicorn_server: uvicorn.Server | None = None
 
@@ -170,14 +170,14 @@ def run(args: argparse.Namespace) -> int:
         if uvicorn_server is not None:
             uvicorn_server.should_exit = True
 
-    app = build_app(llm, cache, server, args.spec_max_batch, on_fatal)
+    app = build_app(llm, server=server, on_fatal=on_fatal)
     uvicorn_server = uvicorn.Server(
         uvicorn.Config(
             app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=server.drain_seconds
         )
     )
     print(
-        f"speclm serve: {app.state.engine.engine.block_manager.num_blocks} KV blocks of {cache.block_size} tokens; "
+        f"speclm serve: {llm.engine.num_kv_blocks} KV blocks of {cache.block_size} tokens; "
         f"listening on http://{args.host}:{args.port}",
         file=sys.stderr,
     )

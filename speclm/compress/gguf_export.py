@@ -8,24 +8,11 @@ import re
 import numpy as np
 
 from speclm.models.checkpoint import Checkpoint
-from speclm.models.gguf_loader import _GLOBAL_NAMES, _LAYER_NAMES, half_split_to_rope_rows
+from speclm.models.gguf_loader import half_split_to_rope_rows
+from speclm.models.gguf_names import gguf_name
 
 EXPORT_TENSOR_TYPES = ("F32", "F16", "Q8_0")
 _BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")
-
-# HF tensor name suffix -> GGUF name suffix (the loader's tables, inverted).
-_TO_GGUF_LAYER = {hf: gg for gg, hf in _LAYER_NAMES.items()}
-_TO_GGUF_GLOBAL = {hf: gg for gg, hf in _GLOBAL_NAMES.items()}
-
-
-def gguf_name(hf_name: str) -> str:
-    """The llama.cpp name of a Hugging Face tensor name (model.layers.3.mlp.up_proj.weight -> blk.3.ffn_up.weight)."""
-    if hf_name in _TO_GGUF_GLOBAL:
-        return _TO_GGUF_GLOBAL[hf_name]
-    parts = hf_name.split(".", 3)
-    if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[3] in _TO_GGUF_LAYER:
-        return f"blk.{parts[2]}.{_TO_GGUF_LAYER[parts[3]]}"
-    raise ValueError(f"tensor {hf_name!r} has no GGUF name (not part of a llama-family model)")
 
 
 def export_gguf(checkpoint: Checkpoint, tokenizer, path: str, tensor_type: str = "F32") -> list[str]:

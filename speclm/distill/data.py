@@ -126,6 +126,8 @@ def generate_responses(llm, prompt_ids: list[list[int]], settings: DataSettings)
     config = CacheConfig(max_num_seqs=settings.batch_size, max_num_batched_tokens=2048)
     engine = Engine(llm.runner, llm.tokenizer, config)
     params = SamplingParams(temperature=0.0, max_tokens=settings.max_new_tokens)
+    for ids in prompt_ids:  # the engine trusts its requests: check them all before any is queued
+        engine.limits.check_prompt(ids)
     for i, ids in enumerate(prompt_ids):
         engine.add_request(Request(str(i), ids, params))
     responses: list[list[int] | None] = [None] * len(prompt_ids)

@@ -101,12 +101,10 @@ class AsyncEngine:
 
     # -- caller side (event loop) ------------------------------------------------------
     async def generate(self, request: Request, n: int = 1, prompt: str | None = None) -> AsyncIterator[SequenceOutput]:
-        """Yield the request's outputs as steps commit them; aborts the request if the consumer leaves early."""
+        """Yield the request's outputs as steps commit them (the request checked against `limits` by the
+        caller); aborts the request if the consumer leaves early."""
         if not self.alive:
             raise EngineStoppedError("the engine is not running")
-        self.engine.check_prompt(request.prompt_ids)  # ValueError here, before anything is queued
-        if not 1 <= n <= self.engine.config.max_num_seqs:
-            raise ValueError(f"n must be in 1..{self.engine.config.max_num_seqs}, got {n}")
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), n, time.perf_counter())
         self._post("add", (request, n, prompt, stream))
         done = False

@@ -12,7 +12,9 @@ from __future__ import annotations
 import torch
 
 from speclm.config import CacheConfig
+from speclm.engine.request import SequenceOutput
 from speclm.engine.sequence import Sequence
+from speclm.engine.sequence_table import SequenceTable
 from speclm.kv.block_manager import BlockManager
 from speclm.kv.eviction import EvictionPlan, SequenceEviction
 from speclm.kv.paged_cache import PagedKVCache
@@ -40,6 +42,20 @@ class KVEvictor:
         )
         seq.max_cache_tokens = max(prompt_tokens, budget)
         return SequenceEviction(plan, *self.shape)
+
+    def evict_due(self, running: list[Sequence], table: SequenceTable) -> list[SequenceOutput]:
+        """Before a step: cut each decoding sequence whose committed entries reached its budget (a
+        prompt is computed whole, then cut). One whose eviction raised fails its request alone."""
+        failed = []
+        for seq in list(running):
+            state = table.get(seq.seq_id)
+            if state is None or state.eviction is None or seq.num_uncomputed != 1:
+                continue
+            try:
+                self.evict(seq.seq_id, state.eviction, seq.num_computed)
+            except Exception as e:
+                failed.append(table.fail(state, e))
+        return failed
 
     def evict(self, seq_id: str, state: SequenceEviction, next_position: int) -> None:
         """Before a step that computes next_position: cut a sequence at its budget down to plan.keep entries."""

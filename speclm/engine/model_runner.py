@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -11,6 +12,7 @@ from speclm.kv.paged_cache import PagedKVCache
 from speclm.kv.quantized import int8_bytes_per_token
 from speclm.models.attention import BatchEntry, PagedAttentionMetadata
 from speclm.models.llama import LlamaModel
+from speclm.sample.row_logits import RowLogits
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +66,32 @@ class ModelRunner:
         self.slow_steps.observe(len(tokens), seconds)
         return logits, hidden, seconds
 
+    def execute(
+        self, cache: PagedKVCache, copies: list[tuple[int, int]], entries: list[BatchEntry], want_queries: bool
+    ) -> ModelOutput:
+        """A scheduled step: the block copies (copy-on-write) it needs, then one forward over its entries
+        (with each layer's queries when `want_queries`: token eviction scores committed rows with them)."""
+        cache.copy_blocks(copies)
+        queries = [] if want_queries else None
+        logits, hidden, seconds = self.forward_batch(cache, entries, queries)
+        return ModelOutput(logits, hidden, seconds, queries)
+
     def row_logits(self, hidden: torch.Tensor) -> RowLogits:
-        """Logits of single rows of `hidden` on demand (a tree walk needs only its path's rows)."""
-        return RowLogits(self.model, hidden)
+        """Logits of single rows of `hidden` [rows, hidden] on demand, each computed once with the
+        one-row call plain decoding makes (a tree walk needs only its path's rows)."""
+        return RowLogits.on_demand(lambda row: self.model.compute_logits(hidden, [row])[0])
+
+
+@dataclass
+class ModelOutput:
+    """What one forward produced: logits [sum of num_logits, vocab] in entry order, features
+    [num_tokens, hidden] (hidden states after the final norm), its seconds, and per layer the rotated
+    queries [heads, num_tokens, head_dim] when they were asked for."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+    seconds: float
+    queries: list[torch.Tensor] | None
 
 
 class SlowStepWatch:
@@ -90,20 +115,3 @@ class SlowStepWatch:
                 seconds / self.fastest,
             )
         self.fastest = min(self.fastest, seconds)
-
-
-class RowLogits:
-    """row -> fp32 logits [vocab], computed once per row with the one-row call plain decoding makes;
-    `seconds` accumulates the time spent."""
-
-    def __init__(self, model: LlamaModel, hidden: torch.Tensor) -> None:
-        self.model, self.hidden = model, hidden
-        self.rows: dict[int, torch.Tensor] = {}
-        self.seconds = 0.0
-
-    def __call__(self, row: int) -> torch.Tensor:
-        if row not in self.rows:
-            t0 = time.perf_counter()
-            self.rows[row] = self.model.compute_logits(self.hidden, [row])[0]
-            self.seconds += time.perf_counter() - t0
-        return self.rows[row]

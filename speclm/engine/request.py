@@ -65,10 +65,18 @@ class GenerationStats:
         return d
 
 
+class PromptError(ValueError):
+    """A prompt the engine cannot take; `code` is the OpenAI error code the server answers it with."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 @dataclass(frozen=True)
 class PromptLimits:
-    """What an engine accepts (the server checks requests against it before queueing them; a deployment's
-    coordinator gets it from the target service)."""
+    """What an engine accepts. The engine trusts its requests: the edges (the Python API, the server)
+    check them against it before queueing them; a deployment's coordinator gets it from the target service."""
 
     vocab_size: int
     max_total_tokens: int  # prompt + generated tokens of one sequence
@@ -77,20 +85,21 @@ class PromptLimits:
     pool_tokens: int  # tokens the KV pool holds
 
     def check_prompt(self, prompt_ids: list[int]) -> None:
-        """ValueError when the prompt is empty, has ids outside the vocabulary, or leaves no room for
-        one generated token."""
+        """PromptError (a ValueError) when the prompt is empty, has ids outside the vocabulary, or leaves
+        no room for one generated token."""
         if not prompt_ids:
-            raise ValueError("the prompt is empty (no tokens): give at least one token")
+            raise PromptError("the prompt is empty (no tokens): give at least one token")
         if any(not 0 <= t < self.vocab_size for t in prompt_ids):
-            raise ValueError(f"prompt token ids must be in 0..{self.vocab_size - 1}")
+            raise PromptError(f"prompt token ids must be in 0..{self.vocab_size - 1}")
         if len(prompt_ids) >= self.max_total_tokens:
             limit = (
                 f"the model's context is {self.context_length} tokens"
                 if self.max_total_tokens == self.context_length
                 else f"the KV cache holds {self.pool_tokens} tokens"
             )
-            raise ValueError(
-                f"prompt is {len(prompt_ids)} tokens but {limit} (it needs room for at least one generated token)"
+            raise PromptError(
+                f"prompt is {len(prompt_ids)} tokens but {limit} (it needs room for at least one generated token)",
+                code="context_length_exceeded",
             )
 
 

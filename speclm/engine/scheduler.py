@@ -17,14 +17,23 @@ from speclm.kv.block_manager import BlockManager
 
 @dataclass
 class ScheduledChunk:
-    """Run tokens (seq.token_ids + its first num_drafts draft tokens)[start : start + num_tokens];
-    `start` equals seq.num_computed; the last `num_drafts` of them are speculative (granted by the
-    scheduler out of what the engine asked for)."""
+    """Run tokens (seq.token_ids + draft_tokens)[start : start + num_tokens]; `start` equals
+    seq.num_computed; the last len(draft_tokens) of them are the drafts the scheduler granted (the
+    first ones of the sequence's proposal)."""
 
     seq: Sequence
     start: int
     num_tokens: int
-    num_drafts: int = 0
+    draft_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def num_drafts(self) -> int:
+        return len(self.draft_tokens)
+
+    @property
+    def tokens(self) -> list[int]:
+        """The token ids this chunk runs."""
+        return (self.seq.token_ids + self.draft_tokens)[self.start : self.start + self.num_tokens]
 
     @property
     def completes(self) -> bool:
@@ -43,6 +52,11 @@ class SchedulerOutput:
     @property
     def num_tokens(self) -> int:
         return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def scheduled_spec_decode_tokens(self) -> dict[str, list[int]]:
+        """seq_id -> the draft tokens granted to it this step (sequences with drafts only)."""
+        return {c.seq.seq_id: c.draft_tokens for c in self.chunks if c.draft_tokens}
 
 
 class Scheduler:
@@ -87,10 +101,10 @@ class Scheduler:
             self.waiting.remove(seq)
         self.blocks.free(seq.seq_id)
 
-    def schedule(self, wanted_drafts: dict[str, int] | None = None) -> SchedulerOutput:
+    def schedule(self, drafts: dict[str, list[int]] | None = None) -> SchedulerOutput:
         """Pick this step's work: running sequences first (oldest first), then admit waiting ones,
-        then grant what is left of the budget to speculative drafts (`wanted_drafts`: seq_id -> how
-        many drafts the engine has for it).
+        then grant what is left of the budget to speculative drafts (`drafts`: seq_id -> the draft
+        tokens proposed for it; a sequence is granted a prefix of them).
 
         Drafts come last so that speculation never changes how prompts are chunked: a prefill's
         arithmetic depends on its chunks, and with bf16 activations a different chunking could flip
@@ -130,11 +144,11 @@ class Scheduler:
             budget -= n
         # Drafts ride along with a sequence's last token, as the budget allows; when it runs short,
         # a rotating start lets every sequence have its turn.
-        wanted_drafts = wanted_drafts or {}
+        drafts = drafts or {}
         turn = self._draft_turn % len(out.chunks) if out.chunks else 0
         self._draft_turn += 1
         for chunk in out.chunks[turn:] + out.chunks[:turn]:
-            granted = min(wanted_drafts.get(chunk.seq.seq_id, 0), budget)
+            granted = min(len(drafts.get(chunk.seq.seq_id, ())), budget)
             if not granted or not chunk.completes:
                 continue
             end = chunk.start + chunk.num_tokens
@@ -143,7 +157,7 @@ class Scheduler:
                 continue
             out.copies += copies
             chunk.num_tokens += granted
-            chunk.num_drafts = granted
+            chunk.draft_tokens = drafts[chunk.seq.seq_id][:granted]
             budget -= granted
         return out
 

@@ -69,18 +69,3 @@ class SequenceState:
     forks: list[SequenceState] = field(default_factory=list)  # samples 1..n-1, forked after prefill
     speculation: Speculation | None = None
     eviction: SequenceEviction | None = None  # H2O / SnapKV: the KV entries it keeps (speclm/kv/eviction.py)
-
-    def add_features(self, start: int, features: torch.Tensor) -> None:
-        """Hand a feature proposer the target features ([n, hidden]) of positions start..start+n-1,
-        whose next tokens are committed, minus those it holds already (a preempted sequence recomputes)."""
-        speculation = self.speculation
-        if speculation is None or not speculation.proposer.wants_features:
-            return
-        speculation.start(self.seq.prompt_ids, self.seq.max_total_tokens)
-        skip = speculation.num_features - start
-        if skip < 0:  # a prefix-cache hit computed no features there
-            assert not speculation.proposer.feature_history, f"{self.seq.seq_id}: features skipped"
-            skip = 0
-        if skip < features.shape[0]:
-            speculation.proposer.add_features(features[skip:].clone())  # a copy: the step's hidden states are freed
-            speculation.num_features = start + features.shape[0]

@@ -1,6 +1,7 @@
-"""One sequence's speculative decoding: how many drafts it may propose this step (the K budget), the
-proposal, its verification against the target's rows, and what the step teaches the K controller.
-The engine calls these for every speculating sequence, so the speculative step exists once."""
+"""One sequence's speculative decoding: its proposer (started on first use, fed the target's features),
+how many drafts it may propose this step (the K budget), the proposal, its verification against the
+target's rows, and what the step teaches the K controller and the request's statistics. The engine
+calls these for every speculating sequence, so the speculative step exists once."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from speclm.sample.rejection import RejectionSampler, RowLogits, VerificationResult
+from speclm.engine.request import GenerationStats
+from speclm.sample.rejection import RejectionSampler, VerificationResult
+from speclm.sample.row_logits import RowLogits
 from speclm.sample.tree import TokenTree
 from speclm.sampling_params import SamplingParams
 from speclm.speculative.controller import SpeculationController
@@ -26,6 +29,8 @@ class Speculation:
 
     proposer: Proposer
     controller: SpeculationController
+    prompt_ids: list[int]
+    capacity: int  # tokens the proposer may have to hold: the sequence's, plus a step's drafts and bonus
     started: bool = False
     proposal: Proposal | None = None
     proposer_seconds: float = 0.0
@@ -33,33 +38,54 @@ class Speculation:
     num_verified: int = 0  # verification passes so far (the first proposal also caught up on the prompt)
 
     @classmethod
-    def of(cls, proposer: Proposer, max_k: int, adaptive: bool) -> Speculation:
+    def of(
+        cls, proposer: Proposer, max_k: int, adaptive: bool, prompt_ids: list[int], max_total_tokens: int
+    ) -> Speculation:
         if proposer.node_budget is not None:  # the proposal's shape is the method's (e.g. lookahead:W,N,G)
             max_k, adaptive = proposer.node_budget, False
-        return cls(proposer, SpeculationController(max_k, adaptive, depth_of=proposer.tree_depth))
+        controller = SpeculationController(max_k, adaptive, depth_of=proposer.tree_depth)
+        return cls(proposer, controller, prompt_ids, max_total_tokens + max_k + 1)
 
-    def start(self, prompt_ids: list[int], max_total_tokens: int) -> None:
+    def _started(self) -> Proposer:
+        """The proposer, started for this sequence's prompt on first use (a waiting sequence holds no
+        proposer state, e.g. a draft model's cache)."""
         if not self.started:
-            self.proposer.start(prompt_ids, max_total_tokens + self.controller.max_k + 1)
+            self.proposer.start(self.prompt_ids, self.capacity)
             self.started = True
+        return self.proposer
+
+    def add_features(self, start: int, features: torch.Tensor) -> None:
+        """Hand a feature proposer the target features ([n, hidden]) of positions start..start+n-1,
+        whose next tokens are committed, minus those it holds already (a preempted sequence recomputes)."""
+        if not self.proposer.wants_features:
+            return
+        proposer = self._started()
+        skip = self.num_features - start
+        if skip < 0:  # a prefix-cache hit computed no features there
+            assert not proposer.feature_history, "features skipped"
+            skip = 0
+        if skip < features.shape[0]:
+            proposer.add_features(features[skip:].clone())  # a copy: the step's hidden states are freed
+            self.num_features = start + features.shape[0]
 
     def propose(
         self, context: list[int], wanted: int, room: int, params: SamplingParams, generator: torch.Generator
-    ) -> int:
-        """Draft for the step after `context`; returns how many drafts there are (0: none this step).
+    ) -> list[int]:
+        """Draft for the step after `context`; returns the draft tokens (none this step: empty).
 
         `wanted`: tokens still wanted after the pending one; `room`: draft rows the sequence's cache
         can take. K drafts plus the bonus token must fit both; a tree's K counts its nodes, and only
         its depth is bounded by the tokens still wanted."""
+        proposer = self._started()
         self.proposal = None
-        k = min(self.controller.next_k(), room if self.proposer.proposes_trees else wanted, room)
+        k = min(self.controller.next_k(), room if proposer.proposes_trees else wanted, room)
         if k <= 0 or wanted <= 0:
-            return 0
+            return []
         t0 = time.perf_counter()
-        proposal = self.proposer.propose(context, k, params, generator)
+        proposal = proposer.propose(context, k, params, generator)
         self.proposal = proposal.limited_to_depth(wanted)
         self.proposer_seconds = time.perf_counter() - t0
-        return len(self.proposal.tokens)
+        return self.proposal.tokens
 
     def tree(self, granted: int) -> TokenTree:
         """The shape of the first `granted` drafts (parents come first, so a prefix is a tree)."""
@@ -72,23 +98,27 @@ class Speculation:
     def verify(
         self,
         verifier: RejectionSampler,
-        rows: torch.Tensor | RowLogits,
-        granted: int,
+        rows: RowLogits,
+        draft_tokens: list[int],
         params: SamplingParams,
         generator: torch.Generator,
     ) -> tuple[VerificationResult, TokenTree]:
-        """The first `granted` drafts against their rows' logits ([1 + granted, vocab], or on demand)."""
+        """The granted drafts (the proposal's first ones) against their rows' logits (1 + len(draft_tokens) rows)."""
+        granted = len(draft_tokens)
         proposal, tree = self.proposal, self.tree(granted)
         probs = None if proposal.probs is None else proposal.probs[:granted]
-        result = verifier.verify(rows, tree, proposal.tokens[:granted], probs, params, generator)
+        result = verifier.verify(rows, tree, draft_tokens, probs, params, generator)
         if self.proposer.observes_rows:  # rows[0] is the pending token's; node i's is rows[i + 1]
-            row = rows.__getitem__ if isinstance(rows, torch.Tensor) else rows
             nodes = [i for i in proposal.observed if i < granted]
-            self.proposer.observe_rows(int(row(0).argmax()), [int(row(i + 1).argmax()) for i in nodes])
+            self.proposer.observe_rows(int(rows.row(0).argmax()), [int(rows.row(i + 1).argmax()) for i in nodes])
         return result, tree
 
-    def record(self, tree: TokenTree, result: VerificationResult, target_seconds: float) -> None:
-        """Teach the proposer and the K controller what this verification showed."""
+    def record(
+        self, tree: TokenTree, result: VerificationResult, target_seconds: float, stats: GenerationStats
+    ) -> None:
+        """Teach the proposer, the K controller and the request's statistics what this verification showed."""
+        stats.proposer_seconds += self.proposer_seconds
+        stats.target_seconds += target_seconds
         self.proposer.update(result.num_accepted)
         depth = None if tree.is_chain() else tree.max_depth
         self.controller.record(

@@ -1,5 +1,5 @@
-"""speclm's compiled CPU kernels (cpu_kernels.cpp): built with the system C++ compiler on first use, cached
-per machine."""
+"""speclm's compiled CPU kernels, one Python module built from the C++ sources listed in SOURCES with the
+system C++ compiler on first use, cached per machine."""
 
 from __future__ import annotations
 
@@ -15,9 +15,34 @@ from types import ModuleType
 
 import torch
 
-SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
-SOURCES = [SOURCE, Path(__file__).with_name("gguf_kernels.cpp"), Path(__file__).with_name("gguf_decoder.cpp")]
-HEADERS = [Path(__file__).with_name(name) for name in ("cpu_kernels.h", "gguf_kernels.h", "gguf_decoder.h")]
+HERE = Path(__file__).parent
+SOURCES = [
+    HERE / name
+    for name in (
+        "bindings.cpp",  # the Python module's bindings
+        "cpu_kernels.cpp",  # attention rows, rotary, RMSNorm, SiLU; dense, int4 and w8a8 matmuls
+        "mapped_memory.cpp",  # huge-page buffers and mapped files
+        "gguf_pack.cpp",  # GGUF-native weights: repacking, rows back out
+        "gguf_convert.cpp",  # ... re-quantized to Q4_0
+        "gguf_activations.cpp",  # ... the activations' int8 quantization
+        "gguf_matmul.cpp",  # ... the matmul
+        "gguf_decoder.cpp",  # a GGUF-native model's decoder layers
+    )
+]
+HEADERS = [
+    HERE / name
+    for name in (
+        "cpu_kernels.h",
+        "mapped_memory.h",
+        "gguf_format.h",
+        "gguf_kernels.h",
+        "gguf_activations.h",
+        "gguf_microkernel.h",
+        "gguf_decoder.h",
+    )
+]
+# What defines the packed weights' bytes: a changed one makes every PackCache entry stale.
+PACKING_SOURCES = [HERE / name for name in ("gguf_format.h", "gguf_pack.cpp", "gguf_convert.cpp")]
 DISABLE_ENV = "SPECLM_CPU_KERNELS"  # "0": use torch's ops instead (slower; same tokens up to float near-ties)
 CACHE_ENV = "SPECLM_KERNEL_CACHE"  # where builds go (default ~/.cache/speclm/kernels)
 
@@ -36,7 +61,7 @@ def build_name() -> str:
     the sources by absolute path: two checkouts sharing one build folder would rebuild it in turn on every
     load, each one's build holding the other's lock.)"""
     text = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
-    where = str(SOURCE.parent.resolve()).encode()
+    where = str(HERE.resolve()).encode()
     digest = hashlib.sha256(text + where + _cpu_signature().encode() + torch.__version__.encode()).hexdigest()[:16]
     return f"speclm_cpu_kernels_{digest}"
 

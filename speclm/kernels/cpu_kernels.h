@@ -1,4 +1,5 @@
-// The kernels of cpu_kernels.cpp that other sources call (gguf_decoder.cpp).
+// The kernels of cpu_kernels.cpp: attention rows, rotary, RMSNorm, SiLU and the dense, int4 and w8a8 matmuls
+// (bound in bindings.cpp; gguf_decoder.cpp calls the first four).
 #pragma once
 #include <torch/extension.h>
 
@@ -8,3 +9,10 @@ at::Tensor rope_qkv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tens
                     int64_t kv_heads, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor silu_mul(const at::Tensor& gate_up);
+at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t group_size,
+                       const at::Tensor& scales_and_zeros);
+bool int4_available();
+at::Tensor w8a8_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& weight_scales,
+                       const at::Tensor& weight_sums);
+bool w8a8_available();
+at::Tensor dense_matmul(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias);

@@ -1,9 +1,9 @@
 // A GGUF-native model's decoder layers run from C++ for rows that attend like decoding: the engine's
 // passes over its paged pool and a draft model's over its contiguous cache. The Python loop over
 // layers makes ~14 torch and kernel calls per layer through the interpreter, which a one-token pass of
-// a small draft model feels (benchmarks/pass_cost_*.md). This loop calls the same kernels and ATen ops in the same order as
-// speclm/models/layers.py's decoder_layer (rms_norm, gguf_matmul, rope_qkv, attend_rows, silu_mul,
-// add), so its results are the Python path's bit for bit (tests/models/test_native_decoder.py).
+// a small draft model feels (benchmarks/pass_cost/). This loop calls the same kernels and ATen ops in the
+// same order as speclm/models/layers.py's decoder_layer (rms_norm, gguf_matmul, rope_qkv, attend_rows,
+// silu_mul, add), so its results are the Python path's bit for bit (tests/kernels/test_gguf_decoder.py).
 #include "gguf_decoder.h"
 
 #include <cmath>

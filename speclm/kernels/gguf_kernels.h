@@ -1,13 +1,10 @@
-// GGUF-native weights (gguf_kernels.cpp): repacking, row dequantization and the int8-activation matmul.
+// GGUF-native weights: repacking and reading rows back (gguf_pack.cpp), conversion to Q4_0 (gguf_convert.cpp),
+// the activations' quantization (gguf_activations.cpp) and the matmul (gguf_matmul.cpp).
 #pragma once
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
-#include <string>
 #include <vector>
 
-at::Tensor huge_page_buffer(int64_t bytes);
-at::Tensor map_file(const std::string& path, int64_t offset, int64_t bytes, bool writable);
-void seal_mapping(const at::Tensor& mapped);
 int64_t gguf_packed_bytes(int64_t type, int64_t rows, int64_t row_bytes);
 at::Tensor gguf_pack(const at::Tensor& raw, int64_t type, const at::Tensor& order, const at::Tensor& out, int64_t first_row);
 at::Tensor gguf_to_q4_0(const at::Tensor& raw, int64_t type, const at::Tensor& scratch);
@@ -15,7 +12,6 @@ at::Tensor gguf_unpack_rows(const at::Tensor& packed, int64_t type, int64_t k_in
 at::Tensor gguf_matmul(const at::Tensor& x, const std::vector<at::Tensor>& packed, const std::vector<int64_t>& types,
                        const std::vector<int64_t>& n_outs, const at::Tensor& bias);
 std::vector<at::Tensor> gguf_quantize_activations(const at::Tensor& x, bool k_quant);
-int64_t gguf_record_bytes(int64_t type);
 at::Tensor gguf_select_rows(const at::Tensor& packed, int64_t type, int64_t k_in, const at::Tensor& rows);
 bool gguf_available();
 // Bytes prefetched ahead of the weights in a pass over one row and over several; returns the previous two.

@@ -113,10 +113,6 @@ class BlockManager:
         blocks, d = seq.blocks, seq.dropped
         return [blocks[i // bs] * bs + i % bs for i in range(max(0, start - d), end - d) if blocks[i // bs] != EVICTED]
 
-    def num_dropped(self, seq_id: str) -> int:
-        """Tokens of the sequence removed by compactions (token-granular eviction)."""
-        return self._seqs[seq_id].dropped
-
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

@@ -34,13 +34,3 @@ class KVCache:
         """Keep the first `length` slots (drop rejected speculative tokens)."""
         assert 0 <= length <= self.capacity, (length, self.capacity)
         self.length = length
-
-    def keep_slots(self, start: int, slots: list[int]) -> None:
-        """Move the entries at `slots` to start, start+1, ... (commit one path of a token tree)."""
-        self.length = start + len(slots)
-        if slots == list(range(start, self.length)):  # already in place (e.g. the first-child path)
-            return
-        index = torch.tensor(slots, dtype=torch.long, device=self.keys.device)
-        dest = slice(start, self.length)
-        self.keys[:, :, dest] = self.keys[:, :, index]
-        self.values[:, :, dest] = self.values[:, :, index]

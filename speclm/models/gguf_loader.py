@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -13,28 +12,9 @@ import torch
 from speclm.models.checkpoint import Checkpoint, ModelLoadError
 from speclm.models.config import ModelConfig
 from speclm.models.gguf_file import GGUFFile, GGUFFormatError, TensorInfo
+from speclm.models.gguf_names import hf_name
 
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q8_K")
-
-_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
 
 
 def open_gguf(path: str) -> GGUFFile:
@@ -58,15 +38,6 @@ def _cached_file(path: str, mtime_ns: int, size: int) -> GGUFFile:
 def field_value(file: GGUFFile, key: str, default=None):
     """A GGUF metadata field's value, or `default`."""
     return file.fields.get(key, default)
-
-
-def hf_name(gguf_name: str) -> str | None:
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
-    return None
 
 
 def rope_rows_to_half_split(w: torch.Tensor, num_heads: int) -> torch.Tensor:

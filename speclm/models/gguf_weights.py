@@ -1,5 +1,6 @@
 """GGUF-native weights: linear layers and embeddings that keep each tensor's own quantization grid
-(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), repacked by speclm's kernels (gguf_kernels.cpp).
+(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), repacked by speclm's kernels (speclm/kernels/gguf_pack.cpp;
+the layout: gguf_format.h).
 
 A layer's memory is about its tensor's size in the file, the matmul quantizes each activation row to
 int8 as llama.cpp does, and every row's result depends on that row only (exact speculation).

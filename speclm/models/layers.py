@@ -13,7 +13,7 @@ from torch import nn
 
 from speclm.models.attention import AttentionMetadata, PagedAttentionMetadata, TensorFn, decode_kernels, self_attention
 from speclm.models.config import ModelConfig
-from speclm.models.quant_linear import Linear, linear_op
+from speclm.models.linear import Linear, linear_op
 
 _NORM_KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # weight dtypes speclm's rms_norm kernel takes
 

@@ -9,8 +9,8 @@ from speclm.kv.cache import KVCache
 from speclm.models.attention import AttentionMetadata, PagedAttentionMetadata, TensorFn
 from speclm.models.config import ModelConfig
 from speclm.models.layers import DecoderLayer, LayerOps, RMSNorm, decoder_layer
+from speclm.models.linear import Linear, linear_op
 from speclm.models.native_decoder import native_decoder, native_rows
-from speclm.models.quant_linear import Linear, linear_op
 from speclm.models.rope import RotaryEmbedding
 
 

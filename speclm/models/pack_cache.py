@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from speclm.kernels import SOURCES
+from speclm.kernels import PACKING_SOURCES
 from speclm.models.gguf_weights import PackArena, native_kernels
 
 ENTRY_VERSION = 2  # bump when the entry's layout changes (the packing code's own changes are in the key)
@@ -45,8 +45,7 @@ def cache_dir() -> Path | None:
 
 def _packing_code_digest() -> str:
     """The repacking code's hash: a changed layout must not map an old entry."""
-    kernels = next(p for p in SOURCES if p.name == "gguf_kernels.cpp")
-    return hashlib.sha256(kernels.read_bytes()).hexdigest()
+    return hashlib.sha256(b"".join(p.read_bytes() for p in PACKING_SOURCES)).hexdigest()
 
 
 class MappedArena:

@@ -1,5 +1,6 @@
-"""Runtime weight formats for linear layers: bf16, int8 per output channel, int4 group-wise (whose
-lm_head is w8a8: int8 weights and activations, speclm/models/w8a8_linear.py)."""
+"""Linear layers in the quantized runtime weight formats (bf16, int8 per output channel, int4
+group-wise), and the choice of layer per format: make_linear, the head's format (int4's is w8a8:
+speclm/models/w8a8_linear.py) and a whole model's conversion."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from torch import nn
 
 from speclm.config import WeightFormat
 from speclm.kernels import cpu_kernels
+from speclm.models.linear import Linear, dense_kernel
 from speclm.models.op_module import OpModule
 from speclm.models.quantizers import COMPUTE_DTYPE, quantize_int4, quantize_int8
 from speclm.models.w8a8_linear import W8A8Linear, w8a8_supported
@@ -24,7 +26,7 @@ def _quantized_forward(
 ) -> torch.Tensor:
     y = matmul(x if x.dtype == COMPUTE_DTYPE else x.to(COMPUTE_DTYPE))
     if bias is not None:
-        y = y + bias  # fp32 bias added to the exact bf16 product, as before
+        y = y + bias  # the fp32 bias added to the exact bf16 product
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
@@ -174,6 +176,7 @@ class Int4Linear(QuantizedLinear):
         return out.t().contiguous()
 
 
+# -- the layer per format ----------------------------------------------------------------------------
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: WeightFormat) -> nn.Module:
     """A linear layer in format `fmt` computing x @ weight.T + bias (weight [out, in])."""
     if fmt.name == "fp32":
@@ -199,45 +202,10 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: WeightForm
     raise ValueError(f"make_linear: no layer for weight format {fmt.label!r}")
 
 
-def dense_kernel(weight: torch.Tensor, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
-    """x @ weight.T + bias for an fp32 or bf16 weight [out, in], x in the weight's dtype; the result
-    in that dtype. On the CPU speclm's dense_matmul computes it (a row's result does not depend on the
-    other rows, which torch's GEMM does not promise: see cpu_kernels.cpp); elsewhere F.linear."""
-    kernels = cpu_kernels() if weight.device.type == "cpu" and weight.dtype in (torch.float32, COMPUTE_DTYPE) else None
-    if kernels is None:
-        return functools.partial(F.linear, weight=weight, bias=bias)
-    op, no_bias = kernels.dense_matmul, weight.new_empty(0, dtype=torch.float32)
-    bias = no_bias if bias is None else bias.detach().float().contiguous()
-    if weight.dtype == torch.float32:
-        return lambda x: op(x, weight, bias)
-    return lambda x: op(x, weight, bias).to(weight.dtype)
-
-
-class Linear(nn.Linear):
-    """nn.Linear whose inference forward is dense_kernel (rows independent of each other); with
-    gradients wanted it is F.linear, so training and calibration are unchanged."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad):
-            return F.linear(x, self.weight, self.bias)
-        return dense_kernel(self.weight, self.bias)(x)
-
-
-def linear_op(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """`module`'s inference forward as a closure over its tensors where its type is known (nn.Linear
-    and the formats above), else the module itself: no nn.Module dispatch, and rows independent of
-    each other (dense_kernel)."""
-    if type(module) in (nn.Linear, Linear):
-        return dense_kernel(module.weight, module.bias)
-    if isinstance(module, OpModule):  # the quantized formats, GGUF-native and w8a8 layers
-        return module.op()
-    return module
-
-
 def head_format(fmt: WeightFormat) -> WeightFormat:
     """The lm_head's format under `fmt`: int4 models get a w8a8 head (int8 weights and per-row int8
     activations). GGUF heads and embeddings are usually 8-bit, and 4 bits lose too much of them,
-    while the w8a8 kernel reads the head at memory speed (benchmarks/kernels.md). Torch builds
+    while the w8a8 kernel reads the head at memory speed (benchmarks/kernels/). Torch builds
     without fbgemm (ARM) keep the int8 weight-only head. q4_0 heads are w8a8 for the same reason."""
     if fmt.name not in ("int4", "q4_0"):
         return fmt

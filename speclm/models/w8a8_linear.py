@@ -2,7 +2,7 @@
 of int4 models runs this way (quant_linear.head_format).
 
 Why: the int8 GEMM reads a large vocabulary's head at memory speed, several times faster than
-torch's int8 weight-only kernel, which is compute-bound on the CPU (benchmarks/kernels.md). Whole
+torch's int8 weight-only kernel, which is compute-bound on the CPU (benchmarks/kernels/). Whole
 models in w8a8 read twice the bytes of int4 ones, so only the head uses it.
 
 How the activations are quantized, and why this keeps speculative greedy exact: fbgemm's dynamic

@@ -22,11 +22,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speclm.sample.sampler import processed_probs, sample_from_probs
+from speclm.sample.row_logits import RowLogits
+from speclm.sample.sampler import sample_from_probs
 from speclm.sample.tree import TokenTree
 from speclm.sampling_params import SamplingParams
-
-RowLogits = Callable[[int], torch.Tensor]  # row -> target logits [vocab], computed on demand
 
 
 @dataclass
@@ -50,7 +49,7 @@ class RejectionSampler:
 
     def verify(
         self,
-        target_logits: torch.Tensor | RowLogits,  # [num_nodes + 1, vocab], or row -> [vocab]
+        target_logits: RowLogits,  # rows 0..num_nodes of the target's logits
         tree: TokenTree,
         draft_tokens: list[int],  # [num_nodes]
         draft_probs: torch.Tensor | None,  # [num_nodes, vocab]: the q each node was drawn from; None = deterministic
@@ -60,42 +59,8 @@ class RejectionSampler:
         assert tree.num_nodes == len(draft_tokens)
         children = tree.children()
         if params.greedy:
-            if isinstance(target_logits, torch.Tensor):  # one argmax call for every row
-                choices = target_logits.argmax(-1).tolist()
-                choice_of: Callable[[int], int] = choices.__getitem__
-            else:
-                choice_of = lambda row: int(target_logits(row).argmax())  # noqa: E731
-            return self._walk_greedy(children, draft_tokens, choice_of)
-        if isinstance(target_logits, torch.Tensor):  # the processed p of every row in one call
-            probs = processed_probs(target_logits, params)
-            p_of: Callable[[int], torch.Tensor] = probs.__getitem__
-        else:
-            p_of = lambda row: processed_probs(target_logits(row)[None], params)[0]  # noqa: E731
-        return self._walk_sampled(children, draft_tokens, draft_probs, p_of, generator)
-
-    def verify_chain(
-        self,
-        target_logits: torch.Tensor,
-        draft_tokens: list[int],
-        draft_probs: torch.Tensor | None,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-    ) -> VerificationResult:
-        """verify for K drafts in a chain, against K+1 rows of logits."""
-        return self.verify(
-            target_logits, TokenTree.chain(len(draft_tokens)), draft_tokens, draft_probs, params, generator
-        )
-
-    def verify_probs(
-        self,
-        target_probs: torch.Tensor,
-        draft_tokens: list[int],
-        draft_probs: torch.Tensor | None,
-        generator: torch.Generator | None = None,
-    ) -> VerificationResult:
-        """A chain against already processed target probabilities [K+1, vocab]."""
-        children = TokenTree.chain(len(draft_tokens)).children()
-        return self._walk_sampled(children, draft_tokens, draft_probs, target_probs.__getitem__, generator)
+            return self._walk_greedy(children, draft_tokens, target_logits.argmax_of())
+        return self._walk_sampled(children, draft_tokens, draft_probs, target_logits.probs_of(params), generator)
 
     @staticmethod
     def _walk_greedy(

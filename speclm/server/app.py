@@ -12,7 +12,6 @@ from fastapi import FastAPI
 
 from speclm.config import CacheConfig
 from speclm.engine.async_engine import AsyncEngine
-from speclm.engine.engine import Engine
 from speclm.server.config import ServerConfig
 from speclm.server.errors import install_error_handlers, openapi_with_error_responses
 from speclm.server.gate import Gate
@@ -66,13 +65,14 @@ def served_model_name(model_path: str) -> str:
 
 def build_app(
     llm: LLM,
-    cache: CacheConfig,
+    cache: CacheConfig | None = None,
     server: ServerConfig | None = None,
-    spec_max_batch: int = 8,
+    spec_max_batch: int | None = None,
     on_fatal: Callable[[BaseException], None] | None = None,
 ) -> FastAPI:
-    """The app serving `llm` (its weights, tokenizer and speculative config) with an engine of its own
-    over `cache`; `server` defaults to the model's file name as its id."""
+    """The app serving `llm`'s engine (`speclm serve` loads the LLM with its cache settings, so one engine
+    is built). With `cache` or `spec_max_batch`, it serves an engine of its own over them instead (one
+    loaded model served several ways: benchmarks, tests). `server` defaults to the model's file name as its id."""
     server = server or ServerConfig(model_name=served_model_name(llm.model_path))
-    engine = Engine(llm.runner, llm.tokenizer, cache, llm.spec, llm.proposers, spec_max_batch)
-    return create_app(AsyncEngine(engine, on_fatal=on_fatal), llm.tokenizer, server)
+    served = llm if cache is None and spec_max_batch is None else llm.with_engine(cache, spec_max_batch)
+    return create_app(AsyncEngine(served.engine, on_fatal=on_fatal), llm.tokenizer, server)

@@ -41,8 +41,15 @@ class _GenerationRequest(BaseModel):
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
-    def sampling_params(self, max_tokens: int) -> SamplingParams:
-        """ValueError (with the field's name) for values SamplingParams rejects, e.g. a top_p that is 0 in float32."""
+    def resolved_max_tokens(self, room: int) -> int:
+        """The tokens to generate at most: what the request asks for, else its endpoint's default
+        (`room`: what the context leaves after the prompt)."""
+        return self.max_tokens or room
+
+    def sampling_params(self, room: int) -> SamplingParams:
+        """The request's SamplingParams (`room`: tokens the context leaves after the prompt). ValueError
+        (with the field's name) for values SamplingParams rejects, e.g. a top_p that is 0 in float32."""
+        max_tokens = self.resolved_max_tokens(room)
         return SamplingParams(
             temperature=1.0 if self.temperature is None else float(self.temperature),
             top_k=self.top_k,
@@ -65,6 +72,9 @@ class CompletionRequest(_GenerationRequest):
     echo: StrictBool = False
     logprobs: StrictInt | None = Field(default=None, ge=0, le=5)
     suffix: StrictStr | None = None
+
+    def resolved_max_tokens(self, room: int) -> int:
+        return self.max_tokens or 16  # OpenAI's default for completions
 
 
 class TextPart(BaseModel):
@@ -89,6 +99,9 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+
+    def resolved_max_tokens(self, room: int) -> int:
+        return self.max_completion_tokens or self.max_tokens or room  # chat: up to the context by default
 
 
 # -- responses (what the OpenAPI document promises; routes build them as dicts) -------------------

@@ -75,7 +75,7 @@ async def completions(body: CompletionRequest, raw: Request):
             raise APIError(400, "only one prompt per request is supported", param="prompt")
         prompt = prompt[0]
     prompt_ids = await service.encode_text(prompt) if isinstance(prompt, str) else list(prompt)
-    submission = service.submit(body, prompt_ids, prompt if isinstance(prompt, str) else None, body.max_tokens or 16)
+    submission = service.submit(body, prompt_ids, prompt if isinstance(prompt, str) else None)
     base = {
         "id": f"cmpl-{submission.request_id}",
         "object": "text_completion",
@@ -121,7 +121,7 @@ async def chat_completions(body: ChatCompletionRequest, raw: Request):
     if body.logprobs or body.top_logprobs:
         raise APIError(400, "logprobs is not supported by this server", param="logprobs")
     prompt_ids = await service.encode_chat(body.messages)
-    submission = service.submit(body, prompt_ids, None, body.max_completion_tokens or body.max_tokens)
+    submission = service.submit(body, prompt_ids, None)
     base = {"id": f"chatcmpl-{submission.request_id}", "created": int(time.time()), "model": service.config.model_name}
     if body.stream:
         return _stream_chat(service, submission, body, base)

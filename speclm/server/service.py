@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from speclm.engine.async_engine import EngineObserver, EngineStoppedError, RequestFailedError
 from speclm.engine.engine import Engine
-from speclm.engine.request import PromptLimits, SequenceOutput
+from speclm.engine.request import PromptError, PromptLimits, SequenceOutput
 from speclm.engine.request import Request as EngineRequest
 from speclm.server.config import ServerConfig
 from speclm.server.errors import APIError
@@ -85,10 +85,9 @@ class GenerationService:
             raise APIError(400, str(e), param="messages") from e
 
     # -- submission ----------------------------------------------------------------------------
-    def submit(
-        self, body: _GenerationRequest, prompt_ids: list[int], prompt: str | None, max_tokens: int | None
-    ) -> Submission:
-        """Check everything the engine would choke on, then queue the request (nothing is queued on error)."""
+    def submit(self, body: _GenerationRequest, prompt_ids: list[int], prompt: str | None) -> Submission:
+        """Check the request against the server's and the engine's limits (the engine trusts what it is
+        given), then queue it; nothing is queued on error."""
         if not self.engine.alive:
             raise APIError(503, "the engine is not running", "server_error", code="engine_unavailable")
         if self.in_flight >= self.config.max_concurrent_requests:
@@ -100,14 +99,12 @@ class GenerationService:
             )
         limits = self.engine.limits
         self._check_limits(body, prompt_ids, limits)
-        if any(not 0 <= t < limits.vocab_size for t in prompt_ids):
-            raise APIError(400, f"prompt token ids must be in 0..{limits.vocab_size - 1}", param="prompt")
         try:
             limits.check_prompt(prompt_ids)
-        except ValueError as e:
-            raise APIError(400, str(e), param="prompt", code="context_length_exceeded") from e
+        except PromptError as e:
+            raise APIError(400, str(e), param="prompt", code=e.code) from e
         try:
-            params = body.sampling_params(max_tokens or limits.max_total_tokens - len(prompt_ids))
+            params = body.sampling_params(room=limits.max_total_tokens - len(prompt_ids))
         except ValueError as e:
             raise APIError(400, str(e), param=str(e).split(" ", 1)[0]) from e
         request_id = f"{next(self._ids)}-{uuid.uuid4().hex[:8]}"
@@ -127,8 +124,6 @@ class GenerationService:
             raise APIError(400, f"stop strings must be 1..{c.max_stop_chars} characters", param="stop")
         for s in stops:
             _check_unicode(s, "stop")
-        if not prompt_ids:
-            raise APIError(400, "the prompt is empty (it encodes to no tokens)", param="prompt")
         if c.max_prompt_tokens is not None and len(prompt_ids) > c.max_prompt_tokens:
             raise APIError(
                 400,

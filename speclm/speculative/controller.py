@@ -23,7 +23,7 @@ class SpeculationController:
     - acceptance counts decay, so the estimates follow the text as it changes;
     - a position measured rarely or long ago leans on the one before it (its prior is that position's
       acceptance, not a fixed number): drafts that got this far usually keep going, and a fixed prior
-      below that made deeper K look worse than it was, so it was never tried and never re-measured;
+      below that would make a deeper K look worse than it is, so it would never be tried or re-measured;
     - every `explore_interval` steps with speculation on, K is one more than the best estimate (up to
       max_k), so the next position's acceptance keeps being measured;
     - the first step, before any cost is measured, proposes probe_k drafts, not max_k: a short answer

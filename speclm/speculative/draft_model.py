@@ -34,9 +34,10 @@ class PromptMemo:
         self.keys: torch.Tensor | None = None  # [layers, kv_heads, len(ids), head_dim]
         self.values: torch.Tensor | None = None
 
-    def restore(self, prompt_ids: list[int], cache) -> int:
+    def restore(self, prompt_ids: list, cache) -> int:
         """Copy the rows of the longest common prefix (the prompt's last token excluded, whose logits
-        the first proposal needs) into a fresh `cache`; returns how many."""
+        the first proposal needs) into a fresh `cache`; returns how many. The entries compared are
+        whatever identifies a row: token ids, or (token, position) pairs for a windowed draft."""
         n, limit = 0, min(len(self.ids), len(prompt_ids) - 1)
         while n < limit and self.ids[n] == prompt_ids[n]:
             n += 1
@@ -46,7 +47,7 @@ class PromptMemo:
             cache.truncate(n)
         return n
 
-    def remember(self, prompt_ids: list[int], cache) -> None:
+    def remember(self, prompt_ids: list, cache) -> None:
         """Keep the rows of `prompt_ids` (already in `cache`'s first slots), as many as the budget allows."""
         per_token = 2 * cache.keys[:, :, :1].nbytes
         n = min(len(prompt_ids), PROMPT_MEMO_BYTES // per_token)
@@ -80,6 +81,13 @@ class DraftModelProposer(Proposer):
     With a `token_map` ([V'] token ids) the draft's head scores only that subset: its distribution q
     is zero outside it, which the verifier handles like any other q (output stays exact), and the
     head's matmul shrinks by vocab / V'.
+
+    With a `window` the draft reads only part of a long prompt: its first `sinks` tokens (attention
+    sinks) and its last `window` tokens, then everything generated. The draft's cache holds this
+    *view* of the context; the dropped middle keeps its place in the positions (the kept tokens have
+    their real positions, a gap where the middle was); renumbering them (`renumber=True`) made no
+    consistent difference (benchmarks/draft_window/draft_window.md). The target verifies every draft,
+    so what the draft reads never changes the output, only how often it is right.
     """
 
     def __init__(
@@ -88,7 +96,12 @@ class DraftModelProposer(Proposer):
         num_layers: int | None = None,
         name: str = "draft",
         token_map: torch.Tensor | None = None,
+        window: int = 0,
+        sinks: int = 0,
+        renumber: bool = False,
     ) -> None:
+        if window < 0 or sinks < 0:
+            raise ValueError(f"a draft's prompt window and sinks must be >= 0, got window={window}, sinks={sinks}")
         self.model = model
         if model.lean_ops is None:  # a draft model of its own (layerskip shares the runner's target)
             model.use_lean_ops()
@@ -100,15 +113,17 @@ class DraftModelProposer(Proposer):
             self.lm_head = model.lm_head
         else:  # over the token map when there is one
             self.lm_head = draft_lm_head(model.lm_head, token_map)
+        self.window, self.sinks, self.renumber = window, sinks, renumber  # window 0: the whole prompt
+        self.dropped = 0  # prompt tokens after the sinks that this sequence's draft does not read
         self.cache = None
-        self.cached_ids: list[int] = []
+        self.cached_ids: list[int] = []  # the view's tokens in the cache (see view())
         self.prompt_memo = PromptMemo()  # shared with every fresh() copy
-        self.unremembered: list[int] | None = None  # this sequence's prompt until the memo holds it
+        self.unremembered: list[int] | None = None  # this sequence's prompt (its view) until the memo holds it
 
     def fresh(self) -> DraftModelProposer:
         """Another sequence's proposer on the same draft model and output head, with its own cache."""
         other = copy.copy(self)
-        other.cache, other.cached_ids, other.unremembered = None, [], None
+        other.cache, other.cached_ids, other.unremembered, other.dropped = None, [], None, 0
         return other
 
     def for_another_engine(self) -> DraftModelProposer:
@@ -117,10 +132,34 @@ class DraftModelProposer(Proposer):
         return other
 
     def start(self, prompt_ids: list[int], capacity: int) -> None:
-        self.cache = self.model.new_cache(capacity, self.num_layers)
-        reused = self.prompt_memo.restore(prompt_ids, self.cache)
-        self.cached_ids = list(prompt_ids[:reused])
-        self.unremembered = list(prompt_ids)
+        self.dropped = max(0, len(prompt_ids) - self.sinks - self.window) if self.window else 0
+        self.cache = self.model.new_cache(capacity - self.dropped, self.num_layers)
+        view = self.view(prompt_ids)
+        reused = self.prompt_memo.restore(self._memo_keys(view), self.cache)
+        self.cached_ids = view[:reused]
+        self.unremembered = view
+
+    def view(self, context: list[int]) -> list[int]:
+        """What the draft reads of `context` (which starts with this sequence's prompt): the context
+        without the prompt's dropped middle."""
+        if not self.dropped:
+            return list(context)
+        return context[: self.sinks] + context[self.sinks + self.dropped :]
+
+    def _positions(self, start: int, count: int) -> torch.Tensor:
+        """Positions of the view's entries start .. start + count - 1: real ones (past the sinks, shifted
+        by the dropped middle) unless renumbered."""
+        positions = torch.arange(start, start + count)
+        if self.dropped and not self.renumber:
+            positions = positions + self.dropped * (positions >= self.sinks)
+        return positions
+
+    def _memo_keys(self, view: list[int]) -> list:
+        """What identifies the view's cache rows for the prompt memo: the tokens, and their positions
+        where the dropped middle shifts them."""
+        if not self.dropped or self.renumber:
+            return view
+        return list(zip(view, self._positions(0, len(view)).tolist()))
 
     def _feed(self, tokens: list[int]) -> torch.Tensor:
         """Run `tokens` after the cached ones; logits of the last, [1, vocab]."""
@@ -128,7 +167,7 @@ class DraftModelProposer(Proposer):
         device = self.model.device  # (a GPU target's layerskip draft, or a draft loaded on the GPU)
         hidden = self.model(
             torch.tensor(tokens, device=device),
-            torch.arange(start, start + len(tokens), device=device),
+            self._positions(start, len(tokens)).to(device),
             self.cache,
             AttentionMetadata(start, len(tokens)),
             num_layers=self.num_layers,
@@ -147,8 +186,9 @@ class DraftModelProposer(Proposer):
         return full
 
     def _catch_up(self, context: list[int]) -> torch.Tensor:
-        """Keep the cached prefix that agrees with the committed context, feed the rest; the logits
-        after the context's last token ([1, vocab] or over the token map)."""
+        """Keep the cached prefix that agrees with the committed context (its view), feed the rest; the
+        logits after the context's last token ([1, vocab] or over the token map)."""
+        context = self.view(context)
         keep = 0
         limit = min(len(self.cached_ids), len(context) - 1)  # always re-feed the last token for its logits
         while keep < limit and self.cached_ids[keep] == context[keep]:
@@ -158,9 +198,13 @@ class DraftModelProposer(Proposer):
         logits = self._feed(context[keep:])
         prompt = self.unremembered
         if prompt is not None and self.cached_ids[: len(prompt)] == prompt:  # the whole prompt is cached now
-            self.prompt_memo.remember(prompt, self.cache)
+            self.prompt_memo.remember(self._memo_keys(prompt), self.cache)
             self.unremembered = None
         return logits
+
+    def sync(self, context: list[int]) -> None:
+        """Catch the cache up on the committed context without drafting (another proposer drafts this step)."""
+        self._catch_up(context)
 
     def _token(self, index: int) -> int:
         """A head column's token id (an index into the token map when there is one)."""

@@ -14,6 +14,7 @@ from speclm.models.quant_linear import WeightFormat, convert_linear_layers
 from speclm.speculative.draft_model import DraftModelProposer, DraftTreeProposer, load_token_map
 from speclm.speculative.eagle import EagleProposer
 from speclm.speculative.heads import load_head
+from speclm.speculative.hybrid import HybridProposer
 from speclm.speculative.lookahead import LookaheadProposer
 from speclm.speculative.medusa import MedusaProposer
 from speclm.speculative.ngram import NgramProposer
@@ -61,7 +62,10 @@ class ProposerFactory:
         return self._draft_proposer(spec)
 
     def _draft_proposer(self, spec: SpecConfig) -> Proposer:
-        return build_draft_proposer(spec, self.target.config.vocab_size, self.target.device)
+        draft = build_draft_proposer(spec, self.target.config.vocab_size, self.target.device)
+        if spec.draft_path_and_options()[1]["lookup"]:  # prompt lookup where it pays, the draft elsewhere
+            return HybridProposer(draft, name=spec.label)
+        return draft
 
     def _head_proposer(self, spec: SpecConfig) -> Proposer:
         path, options = spec.head_path_and_options()
@@ -79,7 +83,8 @@ def build_draft_proposer(
 ) -> DraftModelProposer:
     """The proposer of a draft:PATH spec (its model loaded), for a target of `target_vocab_size` tokens
     (None: checked elsewhere, as a deployment's target service does). The in-process factory and a
-    deployment's draft service (speclm/deploy/) both build it here."""
+    deployment's draft service (speclm/deploy/) both build it here. The `lookup` option is the factory's:
+    this is the draft model alone."""
     path, options = spec.draft_path_and_options()
     checkpoint = load_checkpoint(path)
     config = checkpoint.config
@@ -97,9 +102,10 @@ def build_draft_proposer(
     else:
         draft = build_model(checkpoint, weights=options["weights"], head_rows=token_map)  # (own head: those rows)
     del checkpoint
+    window = {"window": options["window"], "sinks": options["sinks"]}
     if options["branch"]:
-        return DraftTreeProposer(draft, options["branch"], name=spec.label, token_map=token_map)
-    return DraftModelProposer(draft, name=spec.label, token_map=token_map)
+        return DraftTreeProposer(draft, options["branch"], name=spec.label, token_map=token_map, **window)
+    return DraftModelProposer(draft, name=spec.label, token_map=token_map, **window)
 
 
 def frequent_tokens(count: int, vocab_size: int, always: list[int]) -> torch.Tensor:

@@ -30,6 +30,11 @@ class NgramProposer(Proposer):
 
 def find_continuation(context: list[int], k: int, min_n: int, max_n: int) -> list[int]:
     """Up to k tokens following the latest earlier match of the longest matching suffix."""
+    return find_match(context, k, min_n, max_n)[0]
+
+
+def find_match(context: list[int], k: int, min_n: int, max_n: int) -> tuple[list[int], int]:
+    """find_continuation's tokens and the length n of the suffix that matched (0: no match)."""
     ids = np.asarray(context, dtype=np.int64)
     total = len(ids)
     for n in range(min(max_n, total - 1), min_n - 1, -1):
@@ -39,5 +44,5 @@ def find_continuation(context: list[int], k: int, min_n: int, max_n: int) -> lis
         hits = np.flatnonzero((windows == suffix).all(axis=1))
         if hits.size:
             start = int(hits[-1]) + n
-            return ids[start : start + k].tolist()
-    return []
+            return ids[start : start + k].tolist(), n
+    return [], 0

@@ -1,10 +1,13 @@
-"""The head-agreement benchmark scores each response row against the target's own next token."""
+"""The head-agreement benchmark (benchmarks/head_agreement/) scores each response row against the target's
+own next token."""
 
 import torch
 
-from speclm.bench.head_agreement import first_draft_agreement
 from speclm.distill.data import TargetData
 from speclm.speculative.heads import EagleHead
+from tests.helpers import load_benchmark
+
+first_draft_agreement = load_benchmark("head_agreement").first_draft_agreement
 
 
 class OracleHead(EagleHead):

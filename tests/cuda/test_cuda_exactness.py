@@ -81,7 +81,7 @@ def test_g_test_pvalue_matches_the_chi_square_tail():
 def test_speculative_sampling_on_gpu_matches_target_distribution(broken, stories_gpu_fp32, perturbed_gpu_dir):
     llm = stories_gpu_fp32.with_spec(f"draft:{perturbed_gpu_dir},weights=fp32,vocab=0", 2, adaptive=False)
     if broken:
-        llm.engine.verifier = ResidualSkippingVerifier()
+        llm.engine.processor.verifier = ResidualSkippingVerifier()
     prompt_ids = llm.tokenizer.encode("")
     pvalue = g_test_pvalue(
         sample_two_tokens(llm, prompt_ids), exact_two_token_distribution(stories_gpu_fp32, prompt_ids)

@@ -1,5 +1,6 @@
 """Speculative decoding on the GPU returns plain decoding's greedy tokens for every proposer that needs no
-trained head, batched and alone; and a batch's outputs equal each request run alone (concurrency)."""
+trained head (draft:'s hybrid with prompt lookup included), batched and alone; and a batch's outputs equal
+each request run alone (concurrency)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ METHODS = {
     "ngram": "ngram",
     "lookahead": "lookahead:3,2,2",
     "layerskip": "layerskip:2",
-    "draft": "draft:{perturbed},weights=fp32,vocab=0",  # a draft that disagrees, so rejections happen too
-    "draft-tree": "draft:{perturbed},weights=fp32,vocab=0,branch=0.9",
-    "draft-token-map": "draft:{perturbed},vocab=300",  # the GPU's default draft format, a head over 300 tokens
+    # a draft that disagrees, so rejections happen too (lookup=off: the draft model alone)
+    "draft": "draft:{perturbed},weights=fp32,vocab=0,lookup=off",
+    "draft-tree": "draft:{perturbed},weights=fp32,vocab=0,branch=0.9,lookup=off",
+    "draft-token-map": "draft:{perturbed},vocab=300,lookup=off",  # the GPU's default draft format, 300-token head
+    "draft-hybrid": "draft:{perturbed},weights=fp32,vocab=0",  # draft:'s default: prompt lookup or the draft
 }
 
 

@@ -173,7 +173,7 @@ def test_sampled_tokens_through_the_services_follow_the_target_distribution(depl
     verification) against the target's own distribution, enumerated; the same counts against a wrong
     distribution (twice the temperature) are rejected, so the test can tell the two apart."""
     from speclm import LLM, SamplingParams
-    from speclm.bench.sampling_exactness import exact_pairs, g_test
+    from tests.gtest import exact_pairs, g_test
 
     base, launch = deployment
     llm = LLM(STORIES_MODEL, tokenizer=STORIES_TOKENIZER, threads=1)

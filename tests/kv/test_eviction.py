@@ -53,8 +53,8 @@ def test_block_manager_compaction_frees_blocks_and_privatises_shared_ones():
     bm.compact("c", 10, 5)  # c keeps 5 entries: 2 blocks of its own, the parent's untouched
     assert bm.block_table("p") == [0, 1, 2] and bm.ref_counts[:3] == [1, 1, 1]
     assert len(bm.block_table("c")) == 2 and not set(bm.block_table("c")) & {0, 1, 2}
-    assert bm.num_dropped("c") == 5
-    # token 10 (the next) is entry 5: the slot after the kept ones
+    # token 10 (the next) is entry 5: the slot after the kept ones (5 tokens were dropped)
+    assert bm.slot_ids("c", 10, 11) == bm.slot_ids("c", 0, 11)[5:]
     assert bm.slot_ids("c", 0, 10) == bm.slot_ids("c", 0, 10)[:5] and len(bm.slot_ids("c", 0, 11)) == 6
     assert bm.ensure_slots("c", 10, 12) == [] and len(bm.block_table("c")) == 2
     bm.free("p")
@@ -78,7 +78,7 @@ def _run(engine, prompt, params, watch=None):
     while engine.has_unfinished():
         for out in engine.step():
             tokens += out.token_ids
-        state = engine._states.get("r#0")
+        state = engine.sequences.get("r#0")
         if watch and state is not None and state.seq.output_ids:
             watch(engine, state)
     return tokens
@@ -95,7 +95,7 @@ def test_budget_holds_with_sinks_and_recent_tokens_kept(stories_llm, policy, dty
         ev, seq = state.eviction, state.seq
         if seq.num_computed < len(prompt) or not ev.num_evictions:
             return  # the prompt is prefilled whole, then cut before the first decoding step
-        assert ev.held <= budget and ev.held == seq.num_computed - engine.block_manager.num_dropped(seq.seq_id)
+        assert ev.held <= budget and ev.held == len(engine.block_manager.slot_ids(seq.seq_id, 0, seq.num_computed))
         assert engine.block_manager.num_used_blocks <= math.ceil(budget / 4)
         for positions in ev.positions.reshape(-1, ev.held).tolist():
             assert set(range(4)) <= set(positions)  # sinks
@@ -117,7 +117,7 @@ def test_snapkv_selection_matches_a_reference_from_attention_weights(stories_llm
     engine = Engine(runner, stories_llm.tokenizer, config)
     engine.add_request(Request("r", prompt, SamplingParams(max_tokens=2, ignore_eos=True)))
     engine.step()  # the prompt
-    state = engine._states["r#0"].eviction
+    state = engine.sequences.get("r#0").eviction
     engine.step()  # cut, then the first decoding step
     plan, window = state.plan, state.plan.recent
     # reference: the prompt's queries and keys from a full-cache pass, weights by the textbook formula

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from speclm.compress.gguf_export import export_gguf, gguf_name
+from speclm.compress.gguf_export import export_gguf
 from speclm.models.checkpoint import ModelLoadError
 from speclm.models.gguf_file import GGUFFile
 from speclm.models.gguf_loader import (
@@ -20,6 +20,7 @@ from speclm.models.gguf_loader import (
     open_gguf,
     rope_rows_to_half_split,
 )
+from speclm.models.gguf_names import gguf_name
 from speclm.models.loader import default_model_path, load_checkpoint
 from speclm.sampling_params import SamplingParams
 from tests.models.gguf_reference import dequantize_rows

@@ -74,15 +74,34 @@ def test_vanishing_temperatures_decode_greedily(server, stories_llm, temperature
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == greedy_text(stories_llm, "Tom had a dog", 12)
 
 
-def test_extreme_but_valid_values_are_served(server):
-    url, _ = server
-    for body in (
-        {"prompt": "a", "seed": 2**64 - 1, "temperature": 2, "max_tokens": 3},
-        {"prompt": "a", "seed": -(2**63), "top_p": 1e-30, "max_tokens": 3},
-        {"prompt": "a", "max_tokens": 10**12, "top_k": 10**12, "stop": "x" * 512},
+def test_extreme_but_valid_values_are_served(server, stories_llm):
+    """Values at the edges of their ranges get a complete OpenAI completion (max_tokens past the context
+    stops at the context), and the engine is left idle and serving."""
+    url, app = server
+    context = app.state.engine.limits.max_total_tokens
+    prompt_tokens = len(stories_llm.encode("a"))
+    for body, most in (
+        ({"prompt": "a", "seed": 2**64 - 1, "temperature": 2, "max_tokens": 3}, 3),
+        ({"prompt": "a", "seed": -(2**63), "top_p": 1e-30, "max_tokens": 3}, 3),
+        ({"prompt": "a", "max_tokens": 10**12, "top_k": 10**12, "stop": "x" * 512, "ignore_eos": True}, None),
     ):
-        r = post(url, COMPLETIONS, body)
+        r = post(url, COMPLETIONS, body, timeout=120)
         assert r.status_code == 200, (body, r.text)
+        out = r.json()
+        assert out["object"] == "text_completion" and len(out["choices"]) == 1
+        choice, usage = out["choices"][0], out["usage"]
+        assert (
+            choice["index"] == 0 and isinstance(choice["text"], str) and choice["finish_reason"] in ("stop", "length")
+        )
+        assert usage["prompt_tokens"] == prompt_tokens
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        if most is not None:
+            assert 1 <= usage["completion_tokens"] <= most
+        else:  # no stop string in sight and EOS ignored: it runs to the end of the context
+            assert choice["finish_reason"] == "length" and usage["total_tokens"] == context
+    wait_until(lambda: engine_idle(app))
+    r = post(url, COMPLETIONS, {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0})
+    assert r.json()["choices"][0]["text"] == greedy_text(stories_llm, "Once upon a time", 8)
 
 
 def slowed(app, seconds_per_step: float, fail_at: int | None = None):
@@ -214,8 +233,8 @@ def test_openapi_document_promises_what_the_server_answers(server):
 
 
 def test_schemathesis_fuzzing_finds_no_server_error(server):
-    """A bounded run (positive and negative cases per operation); `speclm bench fuzz` runs the long one."""
-    from speclm.bench.fuzz import fuzz_server
+    """A bounded run (positive and negative cases per operation); `python benchmarks/fuzz/fuzz.py` runs the long one."""
+    from tests.fuzz import fuzz_server
 
     url, app = server
     report = fuzz_server(url, examples=40, seed=0)

@@ -2,6 +2,8 @@
 tokens follow the target's own distribution (computed by enumeration), checked with a G-test. The same
 test must reject a deliberately broken verifier (negative control), or it would prove nothing."""
 
+import random
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +12,7 @@ from scipy.stats import power_divergence
 from speclm import SamplingParams
 from speclm.sample.rejection import RejectionSampler
 from speclm.sample.sampler import processed_probs
+from speclm.speculative.hybrid import HybridProposer
 from tests.helpers import ContiguousPass
 
 NUM_SAMPLES = 3000
@@ -81,6 +84,16 @@ CASES = {
         SamplingParams(temperature=1.0),
         2,
     ),
+    # draft:PATH's default, the hybrid: prompt lookup where the prompt repeats itself (its first proposal
+    # there), the draft model (q) elsewhere; "hybrid-coin" picks the source by a coin per step.
+    "hybrid-lookup": ("draft", "Tom had a red ball. Tom had a red ball. Tom had a", SamplingParams(temperature=1.0), 2),
+    "hybrid-coin": ("hybrid-coin", "Tom had a red ball. Tom had a", SamplingParams(temperature=1.5), 2),
+    "pure-draft-window": (
+        "draft,lookup=off,window=3,sinks=1",
+        "Tom had a red ball.",
+        SamplingParams(temperature=1.5),
+        2,
+    ),
     # A tree of one-hot drafts: prompt lookup's branch and the Jacobi window (K is the shape's).
     "lookahead-tree": (
         "lookahead:3,2,2",
@@ -91,8 +104,23 @@ CASES = {
 }
 
 
+class CoinHybrid(HybridProposer):
+    """The hybrid with its per-step choice made by a coin of its own: any choice that depends on the past
+    only keeps sampling exact, the measured one included."""
+
+    coin = random.Random(0)
+
+    def _prefer_lookup(self, n: int, m: int, k: int) -> bool:
+        self.lookup_stats.setdefault(n, self._estimator())
+        return self.coin.random() < 0.5
+
+
 def spec_llm(stories_llm, perturbed_stories_dir, method: str, k: int):
-    spec = f"draft:{perturbed_stories_dir}" if method == "draft" else method
+    if method == "hybrid-coin":
+        llm = stories_llm.with_spec(f"draft:{perturbed_stories_dir}", num_speculative_tokens=k, adaptive=False)
+        llm.proposers._templates[llm.spec.label] = CoinHybrid(llm.proposers(llm.spec).draft)
+        return llm
+    spec = f"draft:{perturbed_stories_dir}{method[5:]}" if method.startswith("draft") else method
     return stories_llm.with_spec(spec, num_speculative_tokens=k, adaptive=False)
 
 
@@ -120,7 +148,7 @@ def test_negative_control_rejects_broken_verifier(stories_llm, perturbed_stories
     _, prompt, params, k = CASES["perturbed-draft"]
     prompt_ids = stories_llm.tokenizer.encode(prompt)
     llm = spec_llm(stories_llm, perturbed_stories_dir, method, k)
-    llm.engine.verifier = ResidualSkippingVerifier()
+    llm.engine.processor.verifier = ResidualSkippingVerifier()
     counts = sample_two_tokens(llm, prompt_ids, params, NUM_SAMPLES)
     pvalue = g_test_pvalue(counts, exact_two_token_distribution(stories_llm, prompt_ids, params))
     assert pvalue < ALPHA, f"the test failed to detect a verifier that skips the residual (p={pvalue:.2e})"

@@ -12,6 +12,7 @@ import torch
 
 from speclm import SamplingParams
 from speclm.sample.rejection import RejectionSampler
+from speclm.sample.row_logits import RowLogits
 from speclm.sample.sampler import processed_probs, sample_from_probs
 from speclm.sample.tree import TokenTree
 from tests.helpers import ContiguousPass, engine_with_proposer, generate_with_proposer
@@ -56,7 +57,7 @@ def draft_tables(llm, prompt_ids, params):
 def sample_first_two(llm, proposer, prompt_ids, params, verifier=None):
     engine = engine_with_proposer(llm, proposer, 16)
     if verifier is not None:
-        engine.verifier = verifier
+        engine.processor.verifier = verifier
     counts = torch.zeros((llm.model.config.vocab_size,) * 2, dtype=torch.float64)
     deep = 0
     for seed in range(NUM_SAMPLES):
@@ -88,7 +89,8 @@ def verify_first_two(proposer, root_logits, after, prompt_len, params, verifier=
         tree = TokenTree(tuple(proposal.parents))
         depths = tree.depths()
         rows = [root_logits] + [after[t] if depths[i + 1] == 1 else root_logits for i, t in enumerate(proposal.tokens)]
-        result = verifier.verify(torch.stack(rows), tree, proposal.tokens, proposal.probs, params, generator)
+        logits = RowLogits.computed(torch.stack(rows))  # [1 + num_nodes, vocab]
+        result = verifier.verify(logits, tree, proposal.tokens, proposal.probs, params, generator)
         t1 = result.tokens[0]
         t2 = (
             result.tokens[1]

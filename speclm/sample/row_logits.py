@@ -1,0 +1,61 @@
+"""The target's logits of one verification pass's rows, computed together or one row at a time on demand."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from speclm.sample.sampler import processed_probs, select_tokens
+from speclm.sampling_params import SamplingParams
+
+
+class RowLogits:
+    """Rows of target logits (row 0 = the pending token, row 1+i = draft node i). Either computed in the
+    batched forward (`computed`: [rows, vocab]), or one row at a time when first asked for (`on_demand`:
+    a big tree's walk needs its path's rows only). The runner makes them, the sampler and the verifier
+    read them through the same methods. `seconds`: time spent computing rows on demand."""
+
+    def __init__(self, logits: torch.Tensor | None, compute_row: Callable[[int], torch.Tensor] | None) -> None:
+        self._logits = logits  # [rows, vocab], or None when rows are computed on demand
+        self._compute_row = compute_row
+        self._rows: dict[int, torch.Tensor] = {}
+        self.seconds = 0.0
+
+    @classmethod
+    def computed(cls, logits: torch.Tensor) -> RowLogits:
+        """Rows the forward already computed: [rows, vocab]."""
+        return cls(logits, None)
+
+    @classmethod
+    def on_demand(cls, compute_row: Callable[[int], torch.Tensor]) -> RowLogits:
+        """Rows computed (once each) by compute_row(row) -> [vocab] when first asked for."""
+        return cls(None, compute_row)
+
+    def row(self, row: int) -> torch.Tensor:
+        """Logits of one row, [vocab]."""
+        if self._logits is not None:
+            return self._logits[row]
+        if row not in self._rows:
+            t0 = time.perf_counter()
+            self._rows[row] = self._compute_row(row)
+            self.seconds += time.perf_counter() - t0
+        return self._rows[row]
+
+    def sample_first(self, params: SamplingParams, generator: torch.Generator | None) -> int:
+        """A plain draw (argmax when greedy) from row 0, the pending token's logits."""
+        first = self._logits[:1] if self._logits is not None else self.row(0)[None]  # [1, vocab]
+        return int(select_tokens(first, params, generator)[0])
+
+    def argmax_of(self) -> Callable[[int], int]:
+        """row -> the argmax token (computed rows: one argmax call for all of them)."""
+        if self._logits is not None:
+            return self._logits.argmax(-1).tolist().__getitem__
+        return lambda row: int(self.row(row).argmax())
+
+    def probs_of(self, params: SamplingParams) -> Callable[[int], torch.Tensor]:
+        """row -> the processed target distribution p [vocab] (computed rows: one call for all of them)."""
+        if self._logits is not None:
+            return processed_probs(self._logits, params).__getitem__
+        return lambda row: processed_probs(self.row(row)[None], params)[0]
