@@ -13,6 +13,7 @@ from speclm.engine.model_runner import ModelRunner
 from speclm.engine.request import Request, RequestOutput, StreamChunk
 from speclm.models.builder import build_model
 from speclm.models.checkpoint import ModelLoadError
+from speclm.models.device import resolve_device
 from speclm.models.llama import LlamaModel
 from speclm.models.loader import load_checkpoint
 from speclm.sampling_params import SamplingParams
@@ -34,6 +35,8 @@ class LLM:
     layers: auto (the default: a GGUF file's own quantization types, fp32 for other files) | fp32 |
     bf16 | int8 | int4[:GROUP] (see speclm.models.quant_linear). cache: the paged KV cache the engine
     runs on; spec_max_batch: the engine drafts only in steps with at most this many running sequences.
+    device: auto (the default: a CUDA GPU when torch sees one, else the CPU) | cpu | cuda | cuda:N; on a
+    GPU the weights are dense bf16 (auto, bf16; fp16 where bf16 is missing) or fp32.
     Prompts are checked here (the engine trusts its requests): a bad one raises ValueError.
 
     generate() runs all its prompts together in one batch; each result equals that prompt run alone.
@@ -50,15 +53,20 @@ class LLM:
         weights: str | None = "auto",
         cache: CacheConfig | None = None,
         spec_max_batch: int = 8,
+        device: str | None = "auto",
     ) -> None:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a positive integer, got {threads!r}")
         torch.set_num_threads(threads or default_threads())  # default: the cores idle now (speclm/threads.py)
         self.weights = WeightFormat.parse(weights or "auto")  # a bad value fails before the slow load
+        self.device = resolve_device(device)  # likewise: `cuda` without a GPU is a ValueError now
         spec = SpecConfig.parse(spec, num_speculative_tokens, adaptive) if isinstance(spec, str) else spec
         checkpoint = load_checkpoint(model)
         self.model_path = checkpoint.source
-        self.model: LlamaModel = build_model(checkpoint, weights=self.weights)
+        if self.device.type == "cpu":
+            self.model: LlamaModel = build_model(checkpoint, weights=self.weights)
+        else:  # dense bf16 (or fp16; fp32 with weights="fp32") weights on the GPU (speclm/models/builder.py)
+            self.model = build_model(checkpoint, weights=self.weights, device=self.device)
         del checkpoint  # drop the file's reader (its parsed metadata) before loading the tokenizer
         self.tokenizer: Tokenizer = load_tokenizer(self.model_path, tokenizer)
         if self.tokenizer.vocab_size > self.model.config.vocab_size:

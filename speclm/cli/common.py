@@ -41,6 +41,39 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "($SPECLM_PACK_CACHE: another folder, or off)",
     )
 
+    add_device_arg(g)
+
+
+def add_device_arg(g) -> None:
+    """--device (every command that loads a model)."""
+    from speclm.models.device import DEVICE_HELP
+
+    g.add_argument(
+        "--device",
+        default="auto",
+        help=f"where the model runs: {DEVICE_HELP}. On a GPU the weights are dense bf16 (--weights auto or bf16; "
+        "fp16 where bf16 is missing) or fp32. Default auto",
+    )
+
+
+def resolve_device_arg(args: argparse.Namespace):
+    """args.device as a torch.device; a bad value or `cuda` without a GPU is one `error:` line, exit 2."""
+    from speclm.models.device import resolve_device
+
+    try:
+        return resolve_device(getattr(args, "device", "auto"))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def refuse_gpu(args: argparse.Namespace, command: str) -> None:
+    """Commands whose model runs on the CPU only (deploy, distill): an explicit --device cuda is a ValueError,
+    not ignored; auto means the CPU there."""
+    device = str(getattr(args, "device", "auto")).strip().lower()
+    if device not in ("auto", "cpu"):
+        raise ValueError(f"speclm {command} runs its models on the CPU only; got --device {device}")
+
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding (lossless: output distribution equals the target's)")
@@ -134,6 +167,9 @@ def load_llm(args: argparse.Namespace, cache=None, spec_max_batch: int = 8):
     from speclm.llm import LLM
 
     WeightFormat.parse(args.weights)  # bad values fail before the stage line and the slow load
+    from speclm.models.device import describe
+
+    device = resolve_device_arg(args)
     if cache is None and getattr(args, "kv_eviction", None):
         cache = CacheConfig(**eviction_options(args))
     spec = getattr(args, "spec", None)
@@ -141,7 +177,9 @@ def load_llm(args: argparse.Namespace, cache=None, spec_max_batch: int = 8):
         SpecConfig.parse(spec, getattr(args, "k", 4))
     t0 = time.perf_counter()
     model = args.model or "the default model"
-    print(f"speclm: loading {model} (weights {args.weights}) ...", file=sys.stderr, flush=True)
+    print(
+        f"speclm: loading {model} (weights {args.weights}, device {describe(device)}) ...", file=sys.stderr, flush=True
+    )
     llm = LLM(
         model=args.model,
         tokenizer=args.tokenizer,
@@ -152,6 +190,7 @@ def load_llm(args: argparse.Namespace, cache=None, spec_max_batch: int = 8):
         weights=args.weights,
         cache=cache,
         spec_max_batch=spec_max_batch,
+        device=str(device),
     )
     print(f"speclm: loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return llm

@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 
-from speclm.cli.common import add_model_args
+from speclm.cli.common import add_model_args, refuse_gpu
 from speclm.cli.serve import add_cache_args, add_server_args, cache_config, server_config
 
 DESCRIPTION = (
@@ -82,6 +82,7 @@ def deploy_config(args: argparse.Namespace):
     from speclm.deploy.config import DeployConfig
     from speclm.server.app import served_model_name
 
+    refuse_gpu(args, "deploy")
     env = DeployConfig.env_defaults()
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")

@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 
-from speclm.cli.common import add_model_args
+from speclm.cli.common import add_model_args, refuse_gpu
 from speclm.data import SPECBENCH_PROMPTS
 
 DEFAULT_PROMPTS = SPECBENCH_PROMPTS  # as `speclm bench`
@@ -147,6 +147,7 @@ def options_from_args(args: argparse.Namespace):
         chat=not args.no_chat,
         batch_size=args.gen_batch,
     )
+    refuse_gpu(args, "distill")
     if args.prompts and not os.path.isfile(args.prompts):
         raise ValueError(f"--prompts {args.prompts}: no such file")
     return DistillOptions(

@@ -64,7 +64,7 @@ class ModelRunner:
             offset += len(e.tokens)
             rows.extend(range(offset - e.num_logits, offset))
         hidden = self.model(tokens, positions, cache, PagedAttentionMetadata(entries, device, queries))
-        logits = self.model.compute_logits(hidden, rows) if rows else hidden.new_zeros(0, self.config.vocab_size)
+        logits = self.model.compute_logits(hidden, rows) if rows else torch.zeros(0, self.config.vocab_size)
         seconds = time.perf_counter() - t0
         self.slow_steps.observe(len(tokens), seconds)
         return logits, hidden, seconds

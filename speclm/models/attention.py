@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from speclm.kernels import cpu_kernels
+from speclm.models.gpu_attention import GpuBatchPlan, attend_decode_rows
 from speclm.models.rope import apply_rope
 
 TensorFn = Callable[[torch.Tensor], torch.Tensor]  # a linear layer or a norm, as a callable
@@ -75,8 +76,11 @@ def attend_like_decoding(
     """Attention for rows whose results must not depend on the rest of the pass: each row is computed
     exactly as plain decoding computes that token once its keys are in the cache, whatever the other
     rows. speclm's CPU kernel does that in one call; without it, each row makes the one-query SDPA
-    call plain decoding makes (one SDPA call over many rows accumulates in another order). Returns
+    call plain decoding makes (one SDPA call over many rows accumulates in another order). On a GPU a
+    Triton kernel reads each row's keys in place (speclm/models/gpu_attention.py). Returns
     [heads, n, head_dim]."""
+    if q.device.type == "cuda":
+        return attend_decode_rows(q, keys, values, rows.lengths, rows.slots, rows.slot_rows)
     kernels = decode_kernels(q)
     if kernels is not None:
         empty = rows.lengths[:0]
@@ -231,6 +235,7 @@ class PagedAttentionMetadata:
         self.num_tokens = len(self.slot_mapping)
         self._pooled: DecodeRows | None = None
         self._windowed: dict[int, DecodeRows] = {}  # window -> pooled rows over their windows
+        self._gpu_plan: GpuBatchPlan | None = None  # built by the first layer of a step on a GPU
 
     def pooled(self) -> DecodeRows:
         """Every row as one DecodeRows over pool slots: one table row per causal sequence (shared by
@@ -263,6 +268,12 @@ class PagedAttentionMetadata:
         with `window`, each row over its last `window` keys (itself included)."""
         if self.queries is not None:
             self.queries.append(q)
+        if isinstance(k_cache, torch.Tensor) and q.device.type == "cuda":  # prompts by SDPA, other rows in place
+            if window is not None:
+                raise ValueError("sliding-window attention (gemma3's local layers) does not run on CUDA yet")
+            if self._gpu_plan is None:
+                self._gpu_plan = GpuBatchPlan(self.sequences, q.device)
+            return self._gpu_plan.attend(q, k_cache, v_cache, self.pooled)
         if isinstance(k_cache, torch.Tensor):  # one call reads the pool
             if window is None:
                 return attend_like_decoding(q, k_cache, v_cache, self.pooled())

@@ -12,6 +12,7 @@ from torch import nn
 from tqdm import tqdm
 
 from speclm.models.checkpoint import Checkpoint, ModelLoadError, format_advice
+from speclm.models.device import gpu_dtype
 from speclm.models.gguf_weights import PackArena, native_kernels
 from speclm.models.layer_sources import FloatSource, NativeSource
 from speclm.models.layers import RMSNorm
@@ -39,6 +40,8 @@ def build_model(
     Layers are built one at a time, so at most one layer's float weights exist beside the model.
     """
     fmt = WeightFormat.parse(weights)
+    if torch.device(device).type == "cuda":
+        return _build_on_gpu(checkpoint, fmt, torch.device(device))
     native = native_source_applies(checkpoint)
     if fmt.name == "auto" and not native:
         fmt = WeightFormat("fp32")
@@ -57,6 +60,22 @@ def build_model(
             model = _build(checkpoint, source, dtype, device)
     trim_freed_memory()
     model.head_rows = source.head_rows if isinstance(source, NativeSource) else None
+    return model.eval()
+
+
+GPU_FORMATS = ("auto", "bf16", "fp32")  # a GPU runs dense layers only (speclm's quantized kernels are CPU code)
+
+
+def _build_on_gpu(checkpoint: Checkpoint, fmt: WeightFormat, device: torch.device) -> LlamaModel:
+    """The decoder with dense weights on a GPU: a GGUF file's tensors dequantized, safetensors and llama2.c
+    as stored, all cast to bf16 (`auto`: fp16 on a GPU without bf16) or kept fp32 (`fp32`, the exact
+    reference). Norms, embedding and the residual stream take the same dtype, so no CPU kernel applies
+    (speclm.models.gpu_attention holds the GPU attention)."""
+    if fmt.name not in GPU_FORMATS:
+        raise ValueError(f"--weights {fmt.label} runs on the CPU only; on {device} use one of {', '.join(GPU_FORMATS)}")
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(fmt.name) or gpu_dtype(device)
+    model = _build(checkpoint, FloatSource(checkpoint, WeightFormat("fp32"), dtype, device), dtype, device)
+    model.head_rows = None
     return model.eval()
 
 

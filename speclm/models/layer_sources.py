@@ -33,6 +33,8 @@ class FloatSource:
 
     def linear(self, names: list[str], bias: torch.Tensor | None, head: bool = False) -> nn.Module:
         weight = torch.cat([self.tensor(n) for n in names]) if len(names) > 1 else self.tensor(names[0])
+        if bias is not None and self.fmt.name == "fp32" and bias.dtype != self.dtype:  # (a GPU's bf16 layers)
+            bias = bias.to(self.dtype)
         return make_linear(weight, bias, head_format(self.fmt) if head else self.fmt)
 
     def embedding(self, name: str) -> nn.Module:

@@ -76,7 +76,8 @@ class LlamaModel(nn.Module):
         which runs a pass's layers in one C++ call where its rows attend like decoding."""
         self.lean_ops = [layer.ops(lean=True) for layer in self.layers] if enabled else None
         self.head_op = linear_op(self.lm_head) if enabled else None
-        self.native_decoder = native_decoder(self.layers) if enabled else None
+        # (A model on a GPU has dense layers only: the CPU kernels are not even loaded for it.)
+        self.native_decoder = native_decoder(self.layers) if enabled and self.device.type == "cpu" else None
 
     @torch.inference_mode()
     def forward(
@@ -138,4 +139,8 @@ class LlamaModel(nn.Module):
             hidden = hidden[indices]
         logits = (self.head_op or self.lm_head)(hidden).float()
         cap = self.config.final_logit_softcapping
-        return logits if not cap else torch.tanh(logits / cap) * cap
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        # On a GPU the logits come to the host, where sampling, the rejection sampler and the proposers
+        # draw with the requests' CPU generators: one copy per pass, the step's one synchronisation.
+        return logits if logits.device.type == "cpu" else logits.cpu()

@@ -164,16 +164,18 @@ class DraftModelProposer(Proposer):
     def _feed(self, tokens: list[int]) -> torch.Tensor:
         """Run `tokens` after the cached ones; logits of the last, [1, vocab]."""
         start = self.cache.length
+        device = self.model.device  # (a GPU target's layerskip draft, or a draft loaded on the GPU)
         hidden = self.model(
-            torch.tensor(tokens),
-            self._positions(start, len(tokens)),
+            torch.tensor(tokens, device=device),
+            self._positions(start, len(tokens)).to(device),
             self.cache,
             AttentionMetadata(start, len(tokens)),
             num_layers=self.num_layers,
         )
         self.cache.truncate(start + len(tokens))
         self.cached_ids.extend(tokens)
-        return self.lm_head(hidden[-1:]).float()  # [1, vocab], or [1, V'] over the token map
+        logits = self.lm_head(hidden[-1:]).float()  # [1, vocab], or [1, V'] over the token map
+        return logits if logits.device.type == "cpu" else logits.cpu()  # drawn with the request's CPU generator
 
     def _full_vocab(self, probs: torch.Tensor) -> torch.Tensor:
         """q over the subset [1, V'] -> q over the vocabulary [1, vocab], zero outside the map."""

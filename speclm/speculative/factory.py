@@ -7,7 +7,7 @@ import copy
 import torch
 
 from speclm.config import HEAD_OPTIONS, SpecConfig
-from speclm.models.builder import build_model
+from speclm.models.builder import GPU_FORMATS, build_model
 from speclm.models.llama import LlamaModel
 from speclm.models.loader import load_checkpoint
 from speclm.models.quant_linear import WeightFormat, convert_linear_layers
@@ -62,7 +62,7 @@ class ProposerFactory:
         return self._draft_proposer(spec)
 
     def _draft_proposer(self, spec: SpecConfig) -> Proposer:
-        draft = build_draft_proposer(spec, self.target.config.vocab_size)
+        draft = build_draft_proposer(spec, self.target.config.vocab_size, self.target.device)
         if spec.draft_path_and_options()[1]["lookup"]:  # prompt lookup where it pays, the draft elsewhere
             return HybridProposer(draft, name=spec.label)
         return draft
@@ -78,7 +78,9 @@ class ProposerFactory:
         return EagleProposer(self.target, head, name=spec.label, **options)
 
 
-def build_draft_proposer(spec: SpecConfig, target_vocab_size: int | None) -> DraftModelProposer:
+def build_draft_proposer(
+    spec: SpecConfig, target_vocab_size: int | None, device: torch.device | None = None
+) -> DraftModelProposer:
     """The proposer of a draft:PATH spec (its model loaded), for a target of `target_vocab_size` tokens
     (None: checked elsewhere, as a deployment's target service does). The in-process factory and a
     deployment's draft service (speclm/deploy/) both build it here. The `lookup` option is the factory's:
@@ -94,7 +96,11 @@ def build_draft_proposer(spec: SpecConfig, target_vocab_size: int | None) -> Dra
     token_map = load_token_map(path, vocab)
     if token_map is None and 0 < options["vocab"] < vocab:
         token_map = frequent_tokens(options["vocab"], vocab, config.eos_token_ids)
-    draft = build_model(checkpoint, weights=options["weights"], head_rows=token_map)  # (a head of its own: those rows)
+    if device is not None and device.type == "cuda":  # beside a GPU target: dense on the GPU (q4_0 is CPU code)
+        weights = options["weights"] if options["weights"] in GPU_FORMATS else "auto"
+        draft = build_model(checkpoint, weights=weights, device=device)
+    else:
+        draft = build_model(checkpoint, weights=options["weights"], head_rows=token_map)  # (own head: those rows)
     del checkpoint
     window = {"window": options["window"], "sinks": options["sinks"]}
     if options["branch"]:

@@ -198,5 +198,6 @@ def draft_lm_head(lm_head: nn.Module, token_map: torch.Tensor | None) -> nn.Modu
         weight = lm_head.dequantized_weight()[token_map]  # [V', hidden]
         fmt = WeightFormat("bf16" if isinstance(lm_head, BF16Linear) else "int8")
     else:
-        weight, fmt = lm_head.weight.detach()[token_map].float(), WeightFormat("fp32")
+        weight, fmt = lm_head.weight.detach()[token_map], WeightFormat("fp32")
+        weight = weight.float() if weight.device.type == "cpu" else weight  # (a GPU head keeps its bf16)
     return make_linear(weight.contiguous(), None, fmt)

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The GPU checks of issue 32 in one prepared run, from the repository root, results under $OUT:
+#   bash benchmarks/cuda/run_gpu.sh [all|tests|bench]      (default all: about 7 minutes at most on an H100: tests 210 s, benchmark 270 s, hard limits)
+# Each step is isolated: it has its own hard timeout, writes its own log, and a failure does not stop the
+# next step. What speclm imports and the GPU image lacks (gguf) comes as a wheel from .whl/ (carried; see
+# benchmarks/cuda/README.md). The default 135M model travels in three parts (.m135/smollm135m.gguf.part00..02,
+# one call each: the tree and what it carries must stay under 64 MiB a call) and is joined here when all are.
+set -u
+WHAT=${1:-all}
+OUT=${OUT:-/tmp/speclm_gpu_out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/run_gpu.log") 2>&1
+PY=${PYTHON:-python3}
+export SPECLM_CPU_KERNELS=0 # no C++ build there: the CPU reference runs of the tests use torch's ops
+export SPECLM_PACK_CACHE=off
+export PYTHONPATH=/tmp/site:$PWD
+step() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
+
+step "setup"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
+    echo "wheel install failed"
+fi
+PARTS=$(ls .m135/smollm135m.gguf.part* 2>/dev/null | sort)
+if [ -n "$PARTS" ]; then
+  cat $PARTS > /tmp/smollm135m.gguf
+  if [ "$(sha256sum /tmp/smollm135m.gguf | cut -c1-64)" = "$(cat .m135/sha256 2>/dev/null)" ]; then
+    export SPECLM_BENCH_135M=/tmp/smollm135m.gguf
+    echo "135M model joined from $(echo $PARTS | wc -w) parts: $SPECLM_BENCH_135M"
+  else
+    echo "135M parts present ($(echo $PARTS | wc -w)) but the joined file's checksum differs: not used"
+  fi
+else
+  echo "no 135M model parts: its benchmark part is skipped"
+fi
+
+step "machine"
+nvidia-smi || echo "no nvidia-smi"
+timeout 60 $PY - <<'EOF' || echo "version probe failed"
+import importlib, torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("device", torch.cuda.get_device_name(0), "bf16", torch.cuda.is_bf16_supported())
+for name in ("triton", "transformers", "tokenizers", "safetensors", "numpy", "gguf", "tqdm", "pytest", "jinja2", "yaml"):
+    try:
+        print(name, getattr(importlib.import_module(name), "__version__", "?"))
+    except ImportError as e:
+        print(name, "MISSING", e)
+import speclm  # noqa: F401  (the package imports with what is here)
+print("import speclm: ok")
+EOF
+
+if [ "$WHAT" = all ] || [ "$WHAT" = tests ]; then
+  step "pytest -m cuda"
+  # (pytest-timeout is in the GPU image: one hung test fails alone)
+  timeout -k 10 ${TEST_TIMEOUT:-210} $PY -m pytest -m cuda tests/cuda -v -rA -p no:cacheprovider --durations=15 \
+    $($PY -c "import pytest_timeout" 2>/dev/null && echo --timeout=90) \
+    --junitxml="$OUT/junit_cuda.xml" > "$OUT/pytest_cuda.log" 2>&1
+  echo "pytest exit $?"
+  tail -n 60 "$OUT/pytest_cuda.log"
+fi
+
+if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
+  step "benchmark"
+  timeout -k 10 ${BENCH_TIMEOUT:-270} $PY benchmarks/cuda/bench_cuda.py --out "$OUT"
+  echo "bench exit $?"
+  cat "$OUT/cuda_bench.md" 2>/dev/null
+fi
+step "done"

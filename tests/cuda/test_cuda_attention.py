@@ -1,0 +1,55 @@
+"""The Triton paged-attention kernel against its torch reference on the GPU, and the GPU path's rows
+against the CPU attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from speclm.models.attention import PagedAttentionMetadata
+from speclm.models.gpu_attention import attend_rows, attend_rows_reference
+from tests.cuda.conftest import DEVICE, needs_cuda
+from tests.models.test_gpu_attention import HEAD_DIM, batch_entries, random_step
+
+pytestmark = needs_cuda
+
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads,kv,head_dim", [(4, 2, 8), (9, 3, 64), (12, 2, 128), (14, 2, 64)])
+def test_triton_kernel_matches_reference(dtype, heads, kv, head_dim):
+    g = torch.Generator().manual_seed(heads * head_dim)
+    slots = 4096
+    q = torch.randn(heads, 9, head_dim, generator=g).to(dtype).to(DEVICE)
+    keys, values = (torch.randn(kv, slots, head_dim, generator=g).to(dtype).to(DEVICE) for _ in range(2))
+    lengths = torch.tensor([1, 2, 15, 16, 17, 63, 64, 65, 1000]).to(DEVICE)
+    table = torch.stack([torch.randperm(slots, generator=g)[:1024] for _ in range(4)]).to(DEVICE)
+    table_rows = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3, 0]).to(DEVICE)
+    args = (q, keys, values, lengths, table, table_rows, head_dim**-0.5)
+    expected, got = attend_rows_reference(*args), attend_rows(*args)
+    assert got.dtype == dtype and got.shape == q.shape
+    err = (expected.float() - got.float()).abs().max().item()
+    assert err <= TOL[dtype], err
+
+
+def test_triton_kernel_reads_a_non_contiguous_query():
+    """self_attention hands the kernel q as a view of the QKV projection ([heads, n, d] with row stride)."""
+    qkv = torch.randn(5, 6 + 2 * 2, 64, device=DEVICE).transpose(0, 1)  # [heads + 2 kv, n, d]
+    q = qkv[:6]
+    keys, values = (torch.randn(2, 100, 64, device=DEVICE) for _ in range(2))
+    lengths = torch.tensor([3, 50, 100, 7, 1], device=DEVICE)
+    table = torch.arange(100, device=DEVICE)[None]
+    table_rows = torch.zeros(5, dtype=torch.long, device=DEVICE)
+    args = (q, keys, values, lengths, table, table_rows, 0.125)
+    torch.testing.assert_close(attend_rows(*args), attend_rows_reference(q.contiguous(), *args[1:]))
+
+
+def test_gpu_paged_step_matches_the_cpu_attention():
+    """A mixed step (prompt, decode, chain, later chunk, tree) through the GPU path equals the CPU's."""
+    meta, q, keys, values = random_step()
+    expected = meta.attend_cached(q, keys, values)
+    gpu_meta = PagedAttentionMetadata(batch_entries(), DEVICE)
+    got = gpu_meta.attend_cached(q.to(DEVICE), keys.to(DEVICE), values.to(DEVICE))
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
+    assert HEAD_DIM == q.shape[-1]

@@ -1,0 +1,63 @@
+"""--device and LLM(device=...): auto takes a GPU only when torch sees one; `cuda` without one is one clear error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from speclm.models.device import resolve_device
+from tests.conftest import STORIES_MODEL, STORIES_TOKENIZER
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+
+
+def test_auto_and_cpu():
+    assert resolve_device("cpu") == torch.device("cpu")
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    assert resolve_device(None).type == expected
+
+
+@pytest.mark.parametrize("value", ["gpu", "cuda:x", "cuda:-1", "tpu", ""])
+def test_malformed_devices_are_refused(value):
+    with pytest.raises(ValueError, match="device"):
+        resolve_device(value)
+
+
+@no_cuda
+@pytest.mark.parametrize("value", ["cuda", "cuda:0", "CUDA:1"])
+def test_cuda_without_a_gpu_is_a_value_error(value):
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        resolve_device(value)
+
+
+@no_cuda
+def test_llm_refuses_cuda_before_loading():
+    from speclm import LLM
+
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        LLM("no/such/model/anywhere.gguf", device="cuda")
+
+
+@no_cuda
+def test_cli_device_cuda_without_a_gpu_is_one_error_line():
+    cmd = [sys.executable, "-m", "speclm", "generate", "--device", "cuda", "--prompt", "x"]
+    cmd += ["--model", STORIES_MODEL, "--tokenizer", STORIES_TOKENIZER]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "cuda" in lines[0], proc.stderr
+
+
+def test_deploy_and_distill_refuse_a_gpu_they_would_ignore():
+    import argparse
+
+    from speclm.cli.common import refuse_gpu
+
+    refuse_gpu(argparse.Namespace(device="auto"), "deploy")
+    refuse_gpu(argparse.Namespace(device="cpu"), "deploy")
+    with pytest.raises(ValueError, match="CPU only"):
+        refuse_gpu(argparse.Namespace(device="cuda:0"), "distill")
