@@ -33,7 +33,7 @@ def test_token_map_draft_greedy_equals_plain_greedy(stories_llm, token_map_draft
     params = SamplingParams(max_tokens=48)
     expected = {prompt: stories_llm.generate(prompt, params)[0].token_ids for prompt in STORY_PROMPTS}
     for k in (1, 4):
-        llm = stories_llm.with_spec(f"draft:{token_map_draft_dir}", num_speculative_tokens=k, adaptive=False)
+        llm = stories_llm.with_spec(f"draft:{token_map_draft_dir},lookup=off", num_speculative_tokens=k, adaptive=False)
         proposer = llm.proposers(llm.spec)  # a fresh proposer for one sequence
         assert isinstance(proposer, DraftModelProposer) and proposer.token_map is not None
         drafted = accepted = 0

@@ -55,5 +55,5 @@ def test_bad_shapes_are_rejected(bad):
 def test_shape_fixes_the_node_budget():
     from speclm.engine.speculation import Speculation
 
-    s = Speculation.of(LookaheadProposer(5, 3, 3), max_k=4, adaptive=True)
+    s = Speculation.of(LookaheadProposer(5, 3, 3), max_k=4, adaptive=True, prompt_ids=[1, 2], max_total_tokens=16)
     assert s.controller.max_k == 5 + 2 * 4 and not s.controller.adaptive
