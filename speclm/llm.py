@@ -33,7 +33,7 @@ class LLM:
     speclm.config.SPEC_METHODS_HELP for options); num_speculative_tokens is K (the maximum when
     adaptive; the node budget of medusa/eagle trees). weights: the runtime format of the linear
     layers: auto (the default: a GGUF file's own quantization types, fp32 for other files) | fp32 |
-    bf16 | int8 | int4[:GROUP] (see speclm.models.quant_linear). cache: the paged KV cache the engine
+    bf16 | int8 | int4[:GROUP] (see speclm.models.weight_formats). cache: the paged KV cache the engine
     runs on; spec_max_batch: the engine drafts only in steps with at most this many running sequences.
     device: auto (the default: a CUDA GPU when torch sees one, else the CPU) | cpu | cuda | cuda:N; on a
     GPU the weights are dense bf16 (auto, bf16; fp16 where bf16 is missing) or fp32.

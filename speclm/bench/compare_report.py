@@ -32,8 +32,8 @@ def log(message: str) -> None:
 
 def run_compare(args: argparse.Namespace, prompts: list[dict]) -> dict:
     """Time every engine on the same prompts and token count; return the JSON payload."""
+    from speclm.config import WeightFormat
     from speclm.models.loader import resolve_model_path
-    from speclm.models.quant_linear import WeightFormat
 
     formats = [WeightFormat.parse(f).label for f in args.formats.split(",") if f.strip()]
     peers = [p.strip() for p in (args.peers or ",".join(PEERS)).split(",") if p.strip()]

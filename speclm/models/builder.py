@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from speclm.config import WeightFormat
 from speclm.models.checkpoint import Checkpoint, ModelLoadError, format_advice
 from speclm.models.device import gpu_dtype
 from speclm.models.gguf_weights import PackArena, native_kernels
@@ -19,7 +20,7 @@ from speclm.models.layers import RMSNorm
 from speclm.models.llama import LlamaModel
 from speclm.models.load_tuning import return_big_frees_to_os, single_threaded, trim_freed_memory
 from speclm.models.pack_cache import PackCache, StaleEntry
-from speclm.models.quant_linear import COMPUTE_DTYPE, WeightFormat
+from speclm.models.quantizers import COMPUTE_DTYPE
 
 
 def build_model(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from speclm.config import WeightFormat
 from speclm.models.checkpoint import Checkpoint
 from speclm.models.gguf_weights import (
     NATIVE_TYPES,
@@ -19,7 +20,7 @@ from speclm.models.gguf_weights import (
     quantized_segment,
 )
 from speclm.models.pack_cache import MappedArena
-from speclm.models.quant_linear import WeightFormat, head_format, make_linear
+from speclm.models.weight_formats import head_format, make_linear
 
 
 class FloatSource:

@@ -1,5 +1,5 @@
 """W8A8: int8 weights and per-row int8 activations on fbgemm's int8 GEMM, batch-invariant. The lm_head
-of int4 models runs this way (quant_linear.head_format).
+of int4 models runs this way (weight_formats.head_format).
 
 Why: the int8 GEMM reads a large vocabulary's head at memory speed, several times faster than
 torch's int8 weight-only kernel, which is compute-bound on the CPU (benchmarks/kernels/). Whole

@@ -6,11 +6,11 @@ import copy
 
 import torch
 
-from speclm.config import HEAD_OPTIONS, SpecConfig
+from speclm.config import HEAD_OPTIONS, SpecConfig, WeightFormat
 from speclm.models.builder import GPU_FORMATS, build_model
 from speclm.models.llama import LlamaModel
 from speclm.models.loader import load_checkpoint
-from speclm.models.quant_linear import WeightFormat, convert_linear_layers
+from speclm.models.weight_formats import convert_linear_layers
 from speclm.speculative.draft_model import DraftModelProposer, DraftTreeProposer, load_token_map
 from speclm.speculative.eagle import EagleProposer
 from speclm.speculative.heads import load_head

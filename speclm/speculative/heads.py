@@ -188,9 +188,11 @@ def draft_lm_head(lm_head: nn.Module, token_map: torch.Tensor | None) -> nn.Modu
     token_map[j]) in the target head's runtime format (a quantized head has no fp32 `.weight`)."""
     if token_map is None:
         return lm_head
+    from speclm.config import WeightFormat
     from speclm.models.gguf_weights import GGUFLinear
-    from speclm.models.quant_linear import BF16Linear, QuantizedLinear, WeightFormat, make_linear
+    from speclm.models.quant_linear import BF16Linear, QuantizedLinear
     from speclm.models.w8a8_linear import W8A8Linear
+    from speclm.models.weight_formats import make_linear
 
     if isinstance(lm_head, (W8A8Linear, GGUFLinear)):  # the subset's rows on the head's own grid
         return lm_head.rows(token_map)

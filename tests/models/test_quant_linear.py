@@ -12,18 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from speclm import LLM, SamplingParams
+from speclm.config import WeightFormat
 from speclm.models.attention import AttentionMetadata
 from speclm.models.builder import build_model
 from speclm.models.loader import load_checkpoint
-from speclm.models.quant_linear import (
-    BF16Linear,
-    Int4Linear,
-    Int8Linear,
-    WeightFormat,
-    convert_linear_layers,
-    make_linear,
-    quantize_int4,
-)
+from speclm.models.quant_linear import BF16Linear, Int4Linear, Int8Linear, quantize_int4
+from speclm.models.weight_formats import convert_linear_layers, make_linear
 from tests.conftest import STORIES_GOLDEN, STORIES_MODEL, STORIES_TOKENIZER
 
 FORMATS = ["fp32", "bf16", "int8", "int4", "int4:64"]

@@ -5,9 +5,10 @@ on speclm's VNNI kernel where it was built and on fbgemm (the fallback)."""
 import pytest
 import torch
 
+from speclm.config import WeightFormat
 from speclm.models import w8a8_linear
-from speclm.models.quant_linear import WeightFormat, head_format
 from speclm.models.w8a8_linear import W8A8Linear, w8a8_supported
+from speclm.models.weight_formats import head_format
 
 pytestmark = [
     pytest.mark.skipif(not w8a8_supported(), reason="torch build without fbgemm"),
