@@ -110,7 +110,10 @@ class OutputProcessor:
 
     def draw(self, state: SequenceState, rows: RowLogits) -> int:
         """A sequence's next token without drafts: a plain draw from its pending token's row (greedy:
-        the argmax). `speclm bench kv` replaces it to force a given text's tokens."""
+        the argmax), under its grammar if it has one. `speclm bench kv` replaces it to force a given
+        text's tokens."""
+        if state.matcher is not None:
+            rows = rows.masked(state.matcher.allowed_mask()[None])
         return rows.sample_first(state.request.params, state.generator)
 
     def _verify(
@@ -126,7 +129,7 @@ class OutputProcessor:
         """The granted drafts against their rows: commit the accepted path and a recovered or bonus token."""
         seq, speculation = chunk.seq, state.speculation
         result, tree = speculation.verify(
-            self.verifier, rows, chunk.draft_tokens, state.request.params, state.generator
+            self.verifier, rows, chunk.draft_tokens, state.request.params, state.generator, state.matcher
         )
         kept = [0] + [i + 1 for i in result.path]  # rows whose next tokens are now committed
         if not tree.is_chain():  # row r sits at the slot of position start + r: the path moves after the root
@@ -151,7 +154,18 @@ class OutputProcessor:
     ) -> SequenceOutput:
         """Add a step's tokens to the sequence (up to a stop condition); `decoding`: the step ran the
         pending token alone (with any drafts), not the end of a prompt chunk."""
+        dead_end = False
+        if state.matcher is not None:  # every token was drawn under its mask: all are consumed but at a dead end
+            consumed = state.matcher.advance(tokens)
+            dead_end, tokens = consumed < len(tokens), tokens[:consumed]
+            if state.matcher.is_terminated() and tokens and tokens[-1] in state.matcher.vocab.eos_token_ids:
+                tokens = tokens[:-1]  # a complete grammar ends the output without its EOS, as without drafts
         taken = state.tracker.add(tokens)
+        if state.matcher is not None and not state.tracker.finished:
+            if dead_end:  # no token was allowed and the grammar was not complete
+                state.tracker.finish("grammar_dead_end")
+            elif state.matcher.is_terminated():  # only EOS may follow: done, without a pass for the EOS
+                state.tracker.finish("stop")
         seq, stats = state.seq, state.stats
         seq.output_ids.extend(tokens[:taken])
         self.block_manager.mark_computed(seq.seq_id, seq.token_ids, seq.num_computed)

@@ -120,7 +120,9 @@ class RequestOutput:
     prompt: str | None
     text: str
     token_ids: list[int]
-    finish_reason: str  # "stop" (EOS or stop string) | "length" (max_tokens or context full)
+    # "stop" (EOS, a stop string, or a complete grammar) | "length" (max_tokens or context full)
+    # | "grammar_dead_end" (a constrained output that no token can continue)
+    finish_reason: str
     stats: GenerationStats
 
     def to_dict(self) -> dict:

@@ -23,6 +23,7 @@ from speclm.server.config import ServerConfig
 from speclm.server.errors import APIError
 from speclm.server.metrics import ServerMetrics
 from speclm.server.protocol import ChatMessage, _GenerationRequest
+from speclm.structured.grammar import ConstraintError
 from speclm.tokenizer import Tokenizer
 
 DISCONNECT_POLL_SECONDS = 0.25  # how often a non-streaming request checks that its client is still there
@@ -97,6 +98,10 @@ class GenerationService:
                 "rate_limit_error",
                 code="rate_limit_exceeded",
             )
+        try:  # (compiled before any model work; the grammar engine is built at server start)
+            constraint = body.constraint()
+        except ConstraintError as e:
+            raise APIError(400, str(e), param=e.param) from e
         limits = self.engine.limits
         self._check_limits(body, prompt_ids, limits)
         try:
@@ -104,7 +109,7 @@ class GenerationService:
         except PromptError as e:
             raise APIError(400, str(e), param="prompt", code=e.code) from e
         try:
-            params = body.sampling_params(room=limits.max_total_tokens - len(prompt_ids))
+            params = body.sampling_params(limits.max_total_tokens - len(prompt_ids), constraint)
         except ValueError as e:
             raise APIError(400, str(e), param=str(e).split(" ", 1)[0]) from e
         request_id = f"{next(self._ids)}-{uuid.uuid4().hex[:8]}"
