@@ -113,6 +113,16 @@ class Request:
 
 
 @dataclass
+class TokenLogprob:
+    """A generated token's log-probability under the target (the grammar's mask applied, temperature 1)
+    and the `top` most likely (token, logprob) pairs there, most likely first."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
 class RequestOutput:
     """What generation produced: text, token ids, why it stopped, and statistics."""
 
@@ -124,6 +134,7 @@ class RequestOutput:
     # | "grammar_dead_end" (a constrained output that no token can continue)
     finish_reason: str
     stats: GenerationStats
+    logprobs: list[TokenLogprob] | None = None  # per token, when the request asked (SamplingParams.logprobs)
 
     def to_dict(self) -> dict:
         return {
@@ -157,6 +168,7 @@ class SequenceOutput:
     num_accepted: int = 0
     draft_depth: int | None = None  # a token tree's depth (None: a chain of num_drafted)
     error: Exception | None = None
+    logprobs: list[TokenLogprob] | None = None  # this step's tokens', when the request asked
 
     @property
     def finished(self) -> bool:

@@ -74,4 +74,5 @@ class SequenceState:
     speculation: Speculation | None = None
     # Its grammar (a constrained request), advanced over committed tokens; None: unconstrained, no mask work.
     matcher: GrammarMatcher | None = None
+    logprobs: list = field(default_factory=list)  # TokenLogprob per committed token (requests that ask)
     eviction: SequenceEviction | None = None  # H2O / SnapKV: the KV entries it keeps (speclm/kv/eviction.py)

@@ -43,6 +43,7 @@ class Speculation:
     observing: bool = False  # this step's proposal came from an observes_rows proposer (it gets its rows)
     proposed: bool = False  # the proposer drafted this step (a constrained step may be forced tokens only)
     num_forced: int = 0  # this step's leading drafts that the grammar forced
+    row_masks: torch.Tensor | None = None  # the grammar's masks of the last verification's rows [rows, vocab]
 
     @classmethod
     def of(
@@ -168,9 +169,10 @@ class Speculation:
         granted = len(draft_tokens)
         proposal, tree = self.proposal, self.tree(granted)
         probs = None if proposal.probs is None else proposal.probs[:granted]
-        raw = rows
+        raw, self.row_masks = rows, None
         if matcher is not None:
-            rows = rows.masked(matcher.tree_masks(tree, draft_tokens)[0])
+            self.row_masks = matcher.tree_masks(tree, draft_tokens)[0]
+            rows = rows.masked(self.row_masks)
         result = verifier.verify(rows, tree, draft_tokens, probs, params, generator)
         rows = raw
         if self.observing:  # rows[0] is the pending token's; node i's is rows[i + 1]

@@ -128,7 +128,12 @@ class _GenerationRequest(BaseModel):
             stop=self.stop_strings(),
             ignore_eos=self.ignore_eos,
             constraint=constraint,
+            logprobs=self.logprobs_count(),
         )
+
+    def logprobs_count(self) -> int | None:
+        """Alternatives to report per token (0: the chosen token's logprob only); None: no logprobs."""
+        return None
 
 
 class CompletionRequest(_GenerationRequest):
@@ -145,6 +150,9 @@ class CompletionRequest(_GenerationRequest):
 
     def resolved_max_tokens(self, room: int) -> int:
         return self.max_tokens or 16  # OpenAI's default for completions
+
+    def logprobs_count(self) -> int | None:
+        return self.logprobs
 
 
 class TextPart(BaseModel):
@@ -173,6 +181,9 @@ class ChatCompletionRequest(_GenerationRequest):
     def resolved_max_tokens(self, room: int) -> int:
         return self.max_completion_tokens or self.max_tokens or room  # chat: up to the context by default
 
+    def logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 # -- responses (what the OpenAPI document promises; routes build them as dicts) -------------------
 class Usage(BaseModel):
@@ -184,7 +195,7 @@ class Usage(BaseModel):
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: dict | None = None
     finish_reason: Literal["stop", "length", "tool_calls", "grammar_dead_end"] | None
 
 
@@ -205,7 +216,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: dict | None = None
     finish_reason: Literal["stop", "length", "tool_calls", "grammar_dead_end"] | None
 
 

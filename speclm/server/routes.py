@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from speclm.engine.request import SequenceOutput
+from speclm.engine.request import SequenceOutput, TokenLogprob
 from speclm.server.errors import ERROR_RESPONSES, APIError
 from speclm.server.protocol import (
     ChatCompletionRequest,
@@ -32,6 +33,38 @@ def service_of(raw: Request) -> GenerationService:
 
 def finish_reason(out: SequenceOutput) -> str | None:
     return out.output.finish_reason if out.finished else None
+
+
+def completion_logprobs(service: GenerationService, logprobs: list[TokenLogprob] | None) -> dict | None:
+    """/v1/completions' logprobs object (its legacy shape): tokens, their logprobs, the top N of each."""
+    if logprobs is None:
+        return None
+    text = service.tokenizer.decode
+    tokens = [text([lp.token]) for lp in logprobs]
+    offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0)) if tokens else []
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp.logprob for lp in logprobs],
+        "top_logprobs": [{text([t]): v for t, v in lp.top} for lp in logprobs],
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(service: GenerationService, logprobs: list[TokenLogprob] | None) -> dict | None:
+    """/v1/chat/completions' logprobs object: per token its text, bytes, logprob and top_logprobs."""
+    if logprobs is None:
+        return None
+
+    def entry(token: int, value: float) -> dict:
+        text = service.tokenizer.decode([token])
+        return {"token": text, "logprob": value, "bytes": list(text.encode("utf-8"))}
+
+    return {
+        "content": [
+            {**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]} for lp in logprobs
+        ],
+        "refusal": None,
+    }
 
 
 @router.get("/health", responses={503: {"description": "the engine is not running"}})
@@ -64,7 +97,6 @@ async def completions(body: CompletionRequest, raw: Request):
     service = service_of(raw)
     for name, unsupported in (
         ("echo", body.echo),
-        ("logprobs", body.logprobs is not None),
         ("suffix", body.suffix is not None),
     ):
         if unsupported:
@@ -86,7 +118,12 @@ async def completions(body: CompletionRequest, raw: Request):
         return _stream_completion(service, submission, body, base)
     finals = await service.collect(submission, raw)
     choices = [
-        {"index": i, "text": finals[i].output.text, "logprobs": None, "finish_reason": finish_reason(finals[i])}
+        {
+            "index": i,
+            "text": finals[i].output.text,
+            "logprobs": completion_logprobs(service, finals[i].output.logprobs),
+            "finish_reason": finish_reason(finals[i]),
+        }
         for i in sorted(finals)
     ]
     completion = sum(len(f.output.token_ids) for f in finals.values())
@@ -102,7 +139,8 @@ def _stream_completion(
         completion[0] += len(out.token_ids)
         if not (out.text or out.finished):
             return []
-        choice = {"index": out.index, "text": out.text, "logprobs": None, "finish_reason": finish_reason(out)}
+        logprobs = completion_logprobs(service, out.logprobs)
+        choice = {"index": out.index, "text": out.text, "logprobs": logprobs, "finish_reason": finish_reason(out)}
         return [{**base, "choices": [choice]}]
 
     def last() -> list[dict]:
@@ -118,8 +156,8 @@ def _stream_completion(
 )
 async def chat_completions(body: ChatCompletionRequest, raw: Request):
     service = service_of(raw)
-    if body.logprobs or body.top_logprobs:
-        raise APIError(400, "logprobs is not supported by this server", param="logprobs")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     prompt_ids = await service.encode_chat(body.messages)
     submission = service.submit(body, prompt_ids, None)
     base = {"id": f"chatcmpl-{submission.request_id}", "created": int(time.time()), "model": service.config.model_name}
@@ -130,7 +168,7 @@ async def chat_completions(body: ChatCompletionRequest, raw: Request):
         {
             "index": i,
             "message": {"role": "assistant", "content": finals[i].output.text},
-            "logprobs": None,
+            "logprobs": chat_logprobs(service, finals[i].output.logprobs),
             "finish_reason": finish_reason(finals[i]),
         }
         for i in sorted(finals)
@@ -157,10 +195,11 @@ def _stream_chat(
     def render(out: SequenceOutput) -> list[dict]:
         completion[0] += len(out.token_ids)
         payloads = []
-        if out.text:
-            payloads.append(
-                {**chunk, "choices": [{"index": out.index, "delta": {"content": out.text}, "finish_reason": None}]}
-            )
+        if out.text or out.logprobs:
+            choice = {"index": out.index, "delta": {"content": out.text}, "finish_reason": None}
+            if out.logprobs is not None:
+                choice["logprobs"] = chat_logprobs(service, out.logprobs)
+            payloads.append({**chunk, "choices": [choice]})
         if out.finished:
             payloads.append(
                 {**chunk, "choices": [{"index": out.index, "delta": {}, "finish_reason": finish_reason(out)}]}

@@ -110,3 +110,40 @@ def test_n_as_a_float_integer_and_completions_default_max_tokens(server):
     assert r.json()["usage"]["completion_tokens"] == 16
     r = httpx.post(url + "/v1/completions", json={"prompt": "Once", "n": 1.5}, timeout=60)
     assert r.status_code == 400
+
+
+def test_logprobs_on_both_endpoints_streaming_included(server, default_llm):
+    from speclm import SamplingParams
+
+    _, client = server
+    offline = default_llm.chat(ASK, SamplingParams(max_tokens=6, logprobs=3))
+    r = client.chat.completions.create(
+        model="m", messages=ASK, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) == len(offline.token_ids) and all(len(c.top_logprobs) == 3 for c in content)
+    for c, lp in zip(content, offline.logprobs):
+        assert c.logprob == pytest.approx(lp.logprob, abs=1e-4) and c.top_logprobs[0].token == c.token
+    stream = client.chat.completions.create(
+        model="m", messages=ASK, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2, stream=True
+    )
+    streamed = [
+        c for chunk in stream if chunk.choices and chunk.choices[0].logprobs for c in chunk.choices[0].logprobs.content
+    ]
+    assert [c.logprob for c in streamed] == pytest.approx([c.logprob for c in content], abs=1e-4)
+    r = client.completions.create(model="m", prompt="The capital of France is", max_tokens=5, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text and len(lp.token_logprobs) == 5
+    assert all(len(t) <= 2 for t in lp.top_logprobs) and lp.text_offset[0] == 0
+    # under a grammar: only allowed tokens are listed
+    r = client.completions.create(
+        model="m",
+        prompt="The capital of France is",
+        max_tokens=5,
+        temperature=0,
+        logprobs=5,
+        extra_body={"structured_outputs": {"choice": [" Paris", " Lyon"]}},
+    )
+    assert r.choices[0].text in (" Paris", " Lyon")
+    first = r.choices[0].logprobs.top_logprobs[0]
+    assert set(first) <= {" Paris", " Lyon", " P", " Ly", " Pa", " L", " Par", " Lyo"} or len(first) <= 5

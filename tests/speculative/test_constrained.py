@@ -169,3 +169,24 @@ def test_constrained_sampling_follows_the_masked_target(stories_llm, perturbed_s
         counts[key] = counts.get(key, 0) + 1
     assert g_test(counts, exact, samples) > 1e-3
     assert g_test(counts, wrong, samples) < 1e-3
+
+
+@pytest.mark.parametrize("constrained", [False, True])
+def test_logprobs_are_the_same_with_and_without_speculation(stories_llm, perturbed_stories_dir, constrained):
+    """Greedy: every token's logprob and top-5 come from the target's rows (masked under a grammar), so
+    ngram, draft and lookahead speculation report what plain decoding reports."""
+    constraint = compile_constraint("json_schema", STORY_SCHEMA, "c") if constrained else None
+    params = SamplingParams(max_tokens=40, logprobs=5, constraint=constraint)
+    reference = stories_llm.generate("Once upon a time", params)[0]
+    assert len(reference.logprobs) == len(reference.token_ids)
+    for lp, token in zip(reference.logprobs, reference.token_ids):
+        assert lp.token == token and lp.top[0][0] == token  # greedy: the chosen token is the most likely
+        assert lp.logprob <= 0 and len(lp.top) <= 5
+    for spec in ["ngram", f"draft:{perturbed_stories_dir}", "lookahead"]:
+        out = stories_llm.with_spec(spec, num_speculative_tokens=4, adaptive=False).generate(
+            "Once upon a time", params
+        )[0]
+        assert out.token_ids == reference.token_ids
+        for a, b in zip(out.logprobs, reference.logprobs):
+            assert a.token == b.token and a.logprob == pytest.approx(b.logprob, abs=1e-4)
+            assert [t for t, _ in a.top] == [t for t, _ in b.top]
