@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, StrictStr
 
 from speclm.sampling_params import SEED_RANGE, SamplingParams
+from speclm.server.tool_protocol import ToolChatFields
 from speclm.structured.grammar import Constraint, ConstraintError, compile_constraint, constraint_from_response_format
 
 Number = Annotated[float, Strict()]  # an int or a float, not a string or a boolean
@@ -155,25 +156,10 @@ class CompletionRequest(_GenerationRequest):
         return self.logprobs
 
 
-class TextPart(BaseModel):
-    type: Literal["text"]
-    text: StrictStr
+class ChatCompletionRequest(_GenerationRequest, ToolChatFields):
+    """POST /v1/chat/completions: messages told apart by role (a `tool` message needs `tool_call_id` and
+    content), `tools`, `tool_choice`, `parallel_tool_calls` (server/tool_protocol.py)."""
 
-
-class ChatMessage(BaseModel):
-    role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: StrictStr | list[TextPart] | None = None
-
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
-        return self.content or ""
-
-
-class ChatCompletionRequest(_GenerationRequest):
-    """POST /v1/chat/completions."""
-
-    messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: JsonInt | None = Field(default=None, ge=1)
     logprobs: StrictBool = False
     top_logprobs: JsonInt | None = Field(default=None, ge=0, le=20)
@@ -183,6 +169,14 @@ class ChatCompletionRequest(_GenerationRequest):
 
     def logprobs_count(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def uses_tools(self) -> bool:
+        """Tools are offered (and the reply is parsed for calls)."""
+        return bool(self.tools) and self.resolved_tool_choice() != "none"
+
+    def has_tool_messages(self) -> bool:
+        """The conversation carries calls or their results (rendered the tool way even without tools)."""
+        return any(m.role == "tool" or getattr(m, "tool_calls", None) for m in self.messages)
 
 
 # -- responses (what the OpenAPI document promises; routes build them as dicts) -------------------
@@ -208,9 +202,16 @@ class CompletionResponse(BaseModel):
     usage: Usage
 
 
+class ResponseToolCall(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: dict
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None
+    tool_calls: list[ResponseToolCall] | None = None
 
 
 class ChatChoice(BaseModel):

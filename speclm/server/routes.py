@@ -18,6 +18,7 @@ from speclm.server.protocol import (
     ModelList,
 )
 from speclm.server.service import GenerationService, Submission
+from speclm.structured.tool_calls import ToolCallStream, parse_tool_calls
 
 router = APIRouter()
 STREAM_RESPONSE = {
@@ -158,21 +159,24 @@ async def chat_completions(body: ChatCompletionRequest, raw: Request):
     service = service_of(raw)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-    prompt_ids = await service.encode_chat(body.messages)
-    submission = service.submit(body, prompt_ids, None)
+    tools_constraint = service.check_chat(body)
+    prompt_ids = await service.encode_chat(body)
+    submission = service.submit(body, prompt_ids, None, tools_constraint)
     base = {"id": f"chatcmpl-{submission.request_id}", "created": int(time.time()), "model": service.config.model_name}
     if body.stream:
         return _stream_chat(service, submission, body, base)
     finals = await service.collect(submission, raw)
-    choices = [
-        {
-            "index": i,
-            "message": {"role": "assistant", "content": finals[i].output.text},
-            "logprobs": chat_logprobs(service, finals[i].output.logprobs),
-            "finish_reason": finish_reason(finals[i]),
-        }
-        for i in sorted(finals)
-    ]
+    choices = []
+    for i in sorted(finals):
+        message, reason = {"role": "assistant", "content": finals[i].output.text}, finish_reason(finals[i])
+        if body.uses_tools():
+            parsed = parse_tool_calls(message["content"], service.tool_format())
+            message["content"] = parsed.content
+            if parsed.tool_calls:
+                message["tool_calls"] = parsed.tool_calls
+                reason = "tool_calls" if reason == "stop" else reason
+        logprobs = chat_logprobs(service, finals[i].output.logprobs)
+        choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason})
     completion = sum(len(f.output.token_ids) for f in finals.values())
     return {
         **base,
@@ -192,18 +196,33 @@ def _stream_chat(
         for i in range(body.n)
     ]
 
+    # With tools, each sample's text goes through a ToolCallStream: content as it comes, each call whole
+    # when it closes (as OpenAI streams them: index, id, type, function name and arguments).
+    calls = {i: ToolCallStream(service.tool_format()) for i in range(body.n)} if body.uses_tools() else None
+    called: set[int] = set()
+
+    def delta(index: int, payload: dict, logprobs: dict | None = None) -> dict:
+        choice = {"index": index, "delta": payload, "finish_reason": None}
+        if logprobs is not None:
+            choice["logprobs"] = logprobs
+        return {**chunk, "choices": [choice]}
+
     def render(out: SequenceOutput) -> list[dict]:
         completion[0] += len(out.token_ids)
-        payloads = []
-        if out.text or out.logprobs:
-            choice = {"index": out.index, "delta": {"content": out.text}, "finish_reason": None}
-            if out.logprobs is not None:
-                choice["logprobs"] = chat_logprobs(service, out.logprobs)
-            payloads.append({**chunk, "choices": [choice]})
+        logprobs = chat_logprobs(service, out.logprobs)
+        if calls is None:
+            deltas = [{"content": out.text}] if out.text or out.logprobs else []
+        else:
+            stream = calls[out.index]
+            deltas = stream.feed(out.text) + (stream.finish() if out.finished else [])
+            called.update(out.index for d in deltas if "tool_calls" in d)
+            if logprobs is not None and not deltas:
+                deltas = [{"content": ""}]
+        payloads = [delta(out.index, d, logprobs if j == 0 else None) for j, d in enumerate(deltas)]
         if out.finished:
-            payloads.append(
-                {**chunk, "choices": [{"index": out.index, "delta": {}, "finish_reason": finish_reason(out)}]}
-            )
+            reason = finish_reason(out)
+            reason = "tool_calls" if reason == "stop" and out.index in called else reason
+            payloads.append({**chunk, "choices": [{"index": out.index, "delta": {}, "finish_reason": reason}]})
         return payloads
 
     def last() -> list[dict]:
