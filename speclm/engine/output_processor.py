@@ -162,7 +162,8 @@ class OutputProcessor:
         dead_end = False
         if state.matcher is not None:  # every token was drawn under its mask: all are consumed but at a dead end
             consumed = state.matcher.advance(tokens)
-            dead_end, tokens = consumed < len(tokens), tokens[:consumed]
+            # (a verifier's bonus token after an accepted EOS draft is refused too: not a dead end)
+            dead_end, tokens = consumed < len(tokens) and not state.matcher.is_terminated(), tokens[:consumed]
             if state.matcher.is_terminated() and tokens and tokens[-1] in state.matcher.vocab.eos_token_ids:
                 tokens = tokens[:-1]  # a complete grammar ends the output without its EOS, as without drafts
         taken = state.tracker.add(tokens)

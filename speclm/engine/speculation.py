@@ -116,13 +116,13 @@ class Speculation:
         matcher: GrammarMatcher,
     ) -> list[int]:
         """A constrained sequence's drafts: the tokens its grammar forces next (jump-forward: free,
-        deterministic drafts), then the proposer's drafts after them. A deterministic chain (n-gram,
-        heads, a greedy draft) is cut at the first token the grammar rejects: such a draft is rejected
-        for sure by the masked target, so the cut changes nothing but the wasted rows. A sampled draft
-        chain is kept whole (cutting it where a draw happened to leave the grammar would bias the
-        output; the masked verifier rejects that draw exactly), as are trees (their invalid nodes are
-        masked out at their parents). Lookahead (it observes its own rows) drafts alone, or forced
-        tokens alone when there are any."""
+        deterministic drafts), then the proposer's drafts after them. A draft model draws them from
+        its own masked distribution (samples_under_grammar). A deterministic chain (n-gram, heads) is
+        cut at the first token the grammar rejects: such a draft is rejected for sure by the masked
+        target, so the cut changes nothing but the wasted rows. A sampled chain is never cut (cutting
+        where a draw happened to leave the grammar would bias the output; the masked verifier rejects
+        such a draw exactly), and trees are kept whole (invalid nodes are masked out at their parents).
+        Lookahead (it observes its own rows) drafts alone, or forced tokens alone when there are any."""
         if wanted <= 0 or room <= 0:
             return []
         t0 = time.perf_counter()
@@ -134,7 +134,16 @@ class Speculation:
             k, self.observing = 0, False
         proposal = Proposal()
         if k > 0:
-            proposal = proposer.propose(context + forced, k, params, generator)
+            under_grammar = proposer.samples_under_grammar
+            if under_grammar:  # a draft model draws from its masked distribution, after the forced tokens
+                matcher.advance(forced)
+                proposer.grammar = matcher
+            try:
+                proposal = proposer.propose(context + forced, k, params, generator)
+            finally:
+                if under_grammar:
+                    proposer.grammar = None
+                    matcher.rollback(len(forced))
             proposal = proposal.limited_to_depth(wanted - len(forced))
             if proposal.parents is None and (proposal.probs is None or params.greedy):
                 matcher.advance(forced)
