@@ -190,3 +190,18 @@ def test_logprobs_are_the_same_with_and_without_speculation(stories_llm, perturb
         for a, b in zip(out.logprobs, reference.logprobs):
             assert a.token == b.token and a.logprob == pytest.approx(b.logprob, abs=1e-4)
             assert [t for t, _ in a.top] == [t for t, _ in b.top]
+
+
+def test_every_sample_of_n_follows_the_grammar(stories_llm):
+    """n > 1: each sample (forked after the prompt) has a matcher of its own."""
+    from speclm.engine.request import Request
+
+    choices = ["Tom was happy.", "Lily was sad.", "The cat sat on the mat."]
+    params = SamplingParams(
+        temperature=1.0, seed=3, max_tokens=20, constraint=compile_constraint("choice", choices, "c")
+    )
+    llm = stories_llm.with_spec("ngram", num_speculative_tokens=3)
+    outputs = llm.engine.generate([Request("n3", stories_llm.encode("Once upon a time"), params)], n=4)[0]
+    assert len(outputs) == 4
+    for out in outputs:
+        assert out.finish_reason == "stop" and out.text in choices
