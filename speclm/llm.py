@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator
 
@@ -18,6 +19,7 @@ from speclm.models.llama import LlamaModel
 from speclm.models.loader import load_checkpoint
 from speclm.sampling_params import SamplingParams
 from speclm.speculative.factory import ProposerFactory
+from speclm.structured.grammar import constraint_from_response_format
 from speclm.threads import default_threads
 from speclm.tokenizer import Tokenizer, load_tokenizer
 
@@ -131,8 +133,16 @@ class LLM:
         """Yield text chunks as they are generated; the last chunk's `output` holds the result."""
         return self._stream(self._request(self.encode(prompt), params), prompt if isinstance(prompt, str) else None)
 
-    def chat(self, messages: list[dict], params: SamplingParams | None = None) -> RequestOutput:
-        """Answer a conversation ([{'role': 'user', 'content': ...}, ...]) with the chat template."""
+    def chat(
+        self, messages: list[dict], params: SamplingParams | None = None, response_format: dict | None = None
+    ) -> RequestOutput:
+        """Answer a conversation ([{'role': 'user', 'content': ...}, ...]) with the chat template;
+        `response_format` as OpenAI's ({"type": "json_object"} or {"type": "json_schema", "json_schema":
+        {"name": ..., "schema": {...}}}) constrains the answer (ConstraintError when invalid)."""
+        if response_format is not None:
+            params = dataclasses.replace(
+                params or SamplingParams(), constraint=constraint_from_response_format(response_format)
+            )
         request = self._request(self.tokenizer.encode_chat(messages), params)
         return self.engine.generate([request])[0][0]
 

@@ -21,6 +21,9 @@ class SamplingParams:
     top_k: keep the k most likely tokens (0 = no limit). top_p: nucleus mass in (0, 1].
     seed: makes sampling reproducible per request. stop: strings that end generation (excluded
     from the text). max_tokens: upper bound on generated tokens. ignore_eos: keep going past EOS.
+    constraint: a grammar the output must follow (speclm.structured.compile_constraint: a JSON schema,
+    a regex, a choice, a grammar); None = free text. logprobs: report each generated token's logprob
+    and that many most likely alternatives (0: the chosen token's only); None = none.
     """
 
     temperature: float = 0.0
@@ -30,6 +33,8 @@ class SamplingParams:
     max_tokens: int = 128
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    constraint: object | None = None  # a speclm.structured.grammar.Constraint (a higher layer)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -47,6 +52,8 @@ class SamplingParams:
             raise ValueError(f"seed must be an integer in [-2**63, 2**64 - 1], got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop strings must be non-empty strings, got {self.stop!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
+            raise ValueError(f"logprobs must be an integer in 0..20, got {self.logprobs!r}")
 
     @property
     def greedy(self) -> bool:

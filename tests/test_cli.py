@@ -125,3 +125,16 @@ def test_generate_compare_ar_prints_both_speeds_and_the_same_text(capsys):
     assert out == run_cli(capsys, "generate", *STORIES, *argv)[1]  # the speculative run's text, streamed
     code, _, err = run_cli(capsys, "generate", *STORIES, "--prompt", "x", "--compare-ar")  # no --spec
     assert code != 0 and "--compare-ar" in err
+
+
+def test_generate_structured_output_options(capsys, tmp_path):
+    result = generate_json(capsys, "--prompt", "Once", "--choice", "upon a time", "--choice", "there was")
+    assert result["text"] in ("upon a time", "there was") and result["finish_reason"] == "stop"
+    schema = {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    result = generate_json(capsys, "--prompt", "Once", "--json-schema", str(path), "--max-tokens", "40")
+    if result["finish_reason"] == "stop":
+        assert isinstance(json.loads(result["text"])["age"], int)
+    code, _, err = run_cli(capsys, "generate", *STORIES, "--prompt", "x", "--regex", "(unclosed")
+    assert code != 0 and "--regex" in err

@@ -42,13 +42,47 @@ def register(sub) -> None:
     )
     add_model_args(p)
     add_sampling_args(p)
+    c = p.add_argument_group("structured output (one of)")
+    c.add_argument("--json-schema", metavar="FILE", default=None, help="the output is JSON valid against this schema")
+    c.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    c.add_argument("--regex", default=None, help="the output matches this regular expression")
+    c.add_argument(
+        "--choice", action="append", default=None, metavar="STRING", help="the output is one of these (repeat)"
+    )
+    c.add_argument("--grammar", metavar="FILE", default=None, help="the output follows this Lark or GBNF grammar")
     add_spec_args(p)
     add_eviction_args(p.add_argument_group("KV eviction"))
     p.set_defaults(run=run)
 
 
+def constraint_of(args: argparse.Namespace):
+    """The Constraint the structured-output options ask for (None: free text); ConstraintError naming the option."""
+    from speclm.structured.grammar import ConstraintError, compile_constraint
+
+    asked = []
+    if args.json_schema is not None:
+        with open(args.json_schema) as f:
+            try:
+                schema = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ConstraintError("--json-schema", f"{args.json_schema} is not JSON: {e}") from e
+        asked.append(compile_constraint("json_schema", schema, "--json-schema"))
+    if args.json_object:
+        asked.append(compile_constraint("json_object", None, "--json-object"))
+    if args.regex is not None:
+        asked.append(compile_constraint("regex", args.regex, "--regex"))
+    if args.choice is not None:
+        asked.append(compile_constraint("choice", args.choice, "--choice"))
+    if args.grammar is not None:
+        with open(args.grammar) as f:
+            asked.append(compile_constraint("grammar", f.read(), "--grammar"))
+    if len(asked) > 1:
+        raise ConstraintError("--json-schema", "give one of --json-schema, --json-object, --regex, --choice, --grammar")
+    return asked[0] if asked else None
+
+
 def run(args: argparse.Namespace) -> int:
-    params = sampling_params(args)  # validate before the slow model load
+    params = dataclasses.replace(sampling_params(args), constraint=constraint_of(args))  # before the slow load
     CacheConfig(**eviction_options(args))
     if args.prompt is None and sys.stdin.isatty():
         print("speclm generate: type the prompt, then Ctrl-D on a line of its own (or pass --prompt)", file=sys.stderr)

@@ -43,6 +43,7 @@ class Drafter:
                     draft_room(seq, self.max_total_tokens, self.block_manager, state.eviction),
                     state.request.params,
                     state.generator,
+                    state.matcher,
                 )
             except Exception as e:
                 failed.append(self.table.fail(state, e))

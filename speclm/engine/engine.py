@@ -31,6 +31,7 @@ from speclm.engine.speculation import Speculation
 from speclm.engine.stop import OutputTracker
 from speclm.kv.block_manager import BlockManager
 from speclm.speculative.factory import ProposerFactory
+from speclm.structured.matcher import GrammarMatcher, GrammarVocab
 from speclm.tokenizer import Tokenizer
 
 
@@ -123,6 +124,7 @@ class Engine:
                 hold_last=speculation is not None and self.evictor is None,  # evicting: prompts prefill alike
             )
             eviction = self.evictor.new_sequence(seq) if self.evictor is not None else None
+            matcher = None if params.constraint is None else GrammarMatcher(self.grammar_vocab(), params.constraint)
             states.append(
                 SequenceState(
                     request,
@@ -135,9 +137,15 @@ class Engine:
                     now,
                     speculation=speculation,
                     eviction=eviction,
+                    matcher=matcher,
                 )
             )
         self.sequences.add(states)
+
+    def grammar_vocab(self) -> GrammarVocab:
+        """The tokenizer as the grammar engine sees it, built on the first constrained request (about 2 s
+        for a 49k vocabulary, 5-20 s for 151k; the server builds it at start) and kept."""
+        return GrammarVocab.of(self.tokenizer, self.runner.config.vocab_size)
 
     def _speculation(self, prompt_ids: list[int], max_total_tokens: int) -> Speculation | None:
         spec = self.spec

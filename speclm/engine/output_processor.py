@@ -14,13 +14,14 @@ import torch
 
 from speclm.engine.eviction import KVEvictor
 from speclm.engine.model_runner import ModelOutput, ModelRunner
-from speclm.engine.request import RequestOutput, SequenceOutput
+from speclm.engine.request import RequestOutput, SequenceOutput, TokenLogprob
 from speclm.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from speclm.engine.sequence import SequenceState
 from speclm.engine.sequence_table import SequenceTable
 from speclm.kv.block_manager import BlockManager
 from speclm.kv.paged_cache import PagedKVCache
 from speclm.models.attention import BatchEntry
+from speclm.sample.masked import token_logprobs
 from speclm.sample.rejection import RejectionSampler
 from speclm.sample.row_logits import RowLogits
 
@@ -93,7 +94,8 @@ class OutputProcessor:
             if state.speculation is not None and decoding:
                 state.speculation.record_plain_step(seconds_per_row)
             _hand_features(state, chunk.start, features)
-            return outputs + [self._commit(state, [self.draw(state, rows)], decoding=decoding)]
+            token = self.draw(state, rows)
+            return outputs + [self._commit(state, [token], decoding=decoding, logprobs=_logprobs(state, rows, [token]))]
         return outputs + [self._verify(state, chunk, entry, rows, features, seconds_per_row, queries)]
 
     def _fork(
@@ -106,11 +108,15 @@ class OutputProcessor:
         child.stats.target_forwards += 1  # the prompt's passes are shared
         self.scheduler.add_running(child.seq)
         _hand_features(child, chunk.start, features)  # (not the parent's drafts)
-        return self._commit(child, [self.draw(child, rows)], decoding=False)
+        token = self.draw(child, rows)
+        return self._commit(child, [token], decoding=False, logprobs=_logprobs(child, rows, [token]))
 
     def draw(self, state: SequenceState, rows: RowLogits) -> int:
         """A sequence's next token without drafts: a plain draw from its pending token's row (greedy:
-        the argmax). `speclm bench kv` replaces it to force a given text's tokens."""
+        the argmax), under its grammar if it has one. `speclm bench kv` replaces it to force a given
+        text's tokens."""
+        if state.matcher is not None:
+            rows = rows.masked(state.matcher.allowed_mask()[None])
         return rows.sample_first(state.request.params, state.generator)
 
     def _verify(
@@ -126,7 +132,7 @@ class OutputProcessor:
         """The granted drafts against their rows: commit the accepted path and a recovered or bonus token."""
         seq, speculation = chunk.seq, state.speculation
         result, tree = speculation.verify(
-            self.verifier, rows, chunk.draft_tokens, state.request.params, state.generator
+            self.verifier, rows, chunk.draft_tokens, state.request.params, state.generator, state.matcher
         )
         kept = [0] + [i + 1 for i in result.path]  # rows whose next tokens are now committed
         if not tree.is_chain():  # row r sits at the slot of position start + r: the path moves after the root
@@ -138,7 +144,8 @@ class OutputProcessor:
         speculation.add_features(chunk.start, features[kept])
         speculation.record(tree, result, seconds_per_row * chunk.num_tokens + rows.seconds, state.stats)
         depth = None if tree.is_chain() else tree.max_depth
-        return self._commit(state, result.tokens, chunk.num_drafts, result.num_accepted, depth, decoding=True)
+        logprobs = _logprobs(state, rows, result.tokens, kept, speculation.row_masks)
+        return self._commit(state, result.tokens, chunk.num_drafts, result.num_accepted, depth, True, logprobs)
 
     def _commit(
         self,
@@ -148,12 +155,28 @@ class OutputProcessor:
         accepted: int = 0,
         depth: int | None = None,
         decoding: bool = True,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> SequenceOutput:
         """Add a step's tokens to the sequence (up to a stop condition); `decoding`: the step ran the
         pending token alone (with any drafts), not the end of a prompt chunk."""
+        dead_end = False
+        if state.matcher is not None:  # every token was drawn under its mask: all are consumed but at a dead end
+            consumed = state.matcher.advance(tokens)
+            # (a verifier's bonus token after an accepted EOS draft is refused too: not a dead end)
+            dead_end, tokens = consumed < len(tokens) and not state.matcher.is_terminated(), tokens[:consumed]
+            if state.matcher.is_terminated() and tokens and tokens[-1] in state.matcher.vocab.eos_token_ids:
+                tokens = tokens[:-1]  # a complete grammar ends the output without its EOS, as without drafts
         taken = state.tracker.add(tokens)
+        if state.matcher is not None and not state.tracker.finished:
+            if dead_end:  # no token was allowed and the grammar was not complete
+                state.tracker.finish("grammar_dead_end")
+            elif state.matcher.is_terminated():  # only EOS may follow: done, without a pass for the EOS
+                state.tracker.finish("stop")
         seq, stats = state.seq, state.stats
         seq.output_ids.extend(tokens[:taken])
+        if logprobs is not None:
+            logprobs = logprobs[:taken]
+            state.logprobs.extend(logprobs)
         self.block_manager.mark_computed(seq.seq_id, seq.token_ids, seq.num_computed)
         now = time.perf_counter()
         if len(state.tracker.token_ids) == taken:  # the first token(s) of this sequence
@@ -168,6 +191,7 @@ class OutputProcessor:
             num_drafted=drafted,
             num_accepted=accepted,
             draft_depth=depth,
+            logprobs=logprobs,
         )
         if state.tracker.finished:
             stats.completion_tokens = len(state.tracker.token_ids)
@@ -179,9 +203,35 @@ class OutputProcessor:
                 state.tracker.token_ids,
                 state.tracker.finish_reason,
                 stats,
+                state.logprobs if state.request.params.logprobs is not None else None,
             )
             self.table.finish(state)
         return out
+
+
+def _logprobs(
+    state: SequenceState,
+    rows: RowLogits,
+    tokens: list[int],
+    row_ids: list[int] | None = None,
+    masks: torch.Tensor | None = None,
+) -> list[TokenLogprob] | None:
+    """What a request with `logprobs` reports for a step's tokens (token i chosen at row row_ids[i]):
+    the target's log-softmax at temperature 1 there, under the grammar's mask at that row (`masks`,
+    the verification's; a plain draw's is the matcher's mask now), so the same with and without
+    speculation. None when the request did not ask (no work)."""
+    top_n = state.request.params.logprobs
+    if top_n is None:
+        return None
+    row_ids = row_ids if row_ids is not None else list(range(len(tokens)))
+    logits = torch.stack([rows.row(r) for r in row_ids])  # [tokens, vocab]
+    mask = None
+    if state.matcher is not None:
+        mask = masks[row_ids] if masks is not None else state.matcher.allowed_mask()[None]
+        mask = mask.clone()
+        mask[~mask.any(-1)] = True  # a dead end's row (its token is dropped)
+        mask[torch.arange(len(tokens)), torch.tensor(tokens)] = True  # (a dead end's refused token)
+    return [TokenLogprob(t, lp, top) for t, (lp, top) in zip(tokens, token_logprobs(logits, tokens, top_n, mask))]
 
 
 def _hand_features(state: SequenceState, start: int, features: torch.Tensor) -> None:

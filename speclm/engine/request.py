@@ -113,6 +113,16 @@ class Request:
 
 
 @dataclass
+class TokenLogprob:
+    """A generated token's log-probability under the target (the grammar's mask applied, temperature 1)
+    and the `top` most likely (token, logprob) pairs there, most likely first."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
 class RequestOutput:
     """What generation produced: text, token ids, why it stopped, and statistics."""
 
@@ -120,8 +130,11 @@ class RequestOutput:
     prompt: str | None
     text: str
     token_ids: list[int]
-    finish_reason: str  # "stop" (EOS or stop string) | "length" (max_tokens or context full)
+    # "stop" (EOS, a stop string, or a complete grammar) | "length" (max_tokens or context full)
+    # | "grammar_dead_end" (a constrained output that no token can continue)
+    finish_reason: str
     stats: GenerationStats
+    logprobs: list[TokenLogprob] | None = None  # per token, when the request asked (SamplingParams.logprobs)
 
     def to_dict(self) -> dict:
         return {
@@ -155,6 +168,7 @@ class SequenceOutput:
     num_accepted: int = 0
     draft_depth: int | None = None  # a token tree's depth (None: a chain of num_drafted)
     error: Exception | None = None
+    logprobs: list[TokenLogprob] | None = None  # this step's tokens', when the request asked
 
     @property
     def finished(self) -> bool:

@@ -4,6 +4,7 @@ the engine's per-sequence state around it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -11,6 +12,9 @@ from speclm.engine.request import GenerationStats, Request
 from speclm.engine.speculation import Speculation
 from speclm.engine.stop import OutputTracker
 from speclm.kv.eviction import SequenceEviction
+
+if TYPE_CHECKING:
+    from speclm.structured.matcher import GrammarMatcher
 
 
 @dataclass
@@ -68,4 +72,7 @@ class SequenceState:
     t_arrival: float
     forks: list[SequenceState] = field(default_factory=list)  # samples 1..n-1, forked after prefill
     speculation: Speculation | None = None
+    # Its grammar (a constrained request), advanced over committed tokens; None: unconstrained, no mask work.
+    matcher: GrammarMatcher | None = None
+    logprobs: list = field(default_factory=list)  # TokenLogprob per committed token (requests that ask)
     eviction: SequenceEviction | None = None  # H2O / SnapKV: the KV entries it keeps (speclm/kv/eviction.py)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,6 +18,9 @@ from speclm.sample.tree import TokenTree
 from speclm.sampling_params import SamplingParams
 from speclm.speculative.controller import SpeculationController
 from speclm.speculative.proposer import Proposal, Proposer
+
+if TYPE_CHECKING:
+    from speclm.structured.matcher import GrammarMatcher
 
 # Trees of this many nodes or more take their logits row by row along the verifier's walk: the
 # head's matmul over the path's rows only costs less than over every row of a big tree.
@@ -36,6 +40,10 @@ class Speculation:
     proposer_seconds: float = 0.0
     num_features: int = 0  # positions whose target features the proposer holds (feature proposers)
     num_verified: int = 0  # verification passes so far (the first proposal also caught up on the prompt)
+    observing: bool = False  # this step's proposal came from an observes_rows proposer (it gets its rows)
+    proposed: bool = False  # the proposer drafted this step (a constrained step may be forced tokens only)
+    num_forced: int = 0  # this step's leading drafts that the grammar forced
+    row_masks: torch.Tensor | None = None  # the grammar's masks of the last verification's rows [rows, vocab]
 
     @classmethod
     def of(
@@ -69,21 +77,81 @@ class Speculation:
             self.num_features = start + features.shape[0]
 
     def propose(
-        self, context: list[int], wanted: int, room: int, params: SamplingParams, generator: torch.Generator
+        self,
+        context: list[int],
+        wanted: int,
+        room: int,
+        params: SamplingParams,
+        generator: torch.Generator,
+        matcher: GrammarMatcher | None = None,
     ) -> list[int]:
         """Draft for the step after `context`; returns the draft tokens (none this step: empty).
 
         `wanted`: tokens still wanted after the pending one; `room`: draft rows the sequence's cache
         can take. K drafts plus the bonus token must fit both; a tree's K counts its nodes, and only
-        its depth is bounded by the tokens still wanted."""
+        its depth is bounded by the tokens still wanted. `matcher` (a constrained sequence, at the
+        pending token): see _constrained."""
         proposer = self._started()
         self.proposal = None
+        self.observing, self.proposed, self.num_forced = proposer.observes_rows, True, 0
+        if matcher is not None:
+            return self._constrained(proposer, context, wanted, room, params, generator, matcher)
         k = min(self.controller.next_k(), room if proposer.proposes_trees else wanted, room)
         if k <= 0 or wanted <= 0:
             return []
         t0 = time.perf_counter()
         proposal = proposer.propose(context, k, params, generator)
         self.proposal = proposal.limited_to_depth(wanted)
+        self.proposer_seconds = time.perf_counter() - t0
+        return self.proposal.tokens
+
+    def _constrained(
+        self,
+        proposer: Proposer,
+        context: list[int],
+        wanted: int,
+        room: int,
+        params: SamplingParams,
+        generator: torch.Generator,
+        matcher: GrammarMatcher,
+    ) -> list[int]:
+        """A constrained sequence's drafts: the tokens its grammar forces next (jump-forward: free,
+        deterministic drafts), then the proposer's drafts after them. A draft model draws them from
+        its own masked distribution (samples_under_grammar). A deterministic chain (n-gram, heads) is
+        cut at the first token the grammar rejects: such a draft is rejected for sure by the masked
+        target, so the cut changes nothing but the wasted rows. A sampled chain is never cut (cutting
+        where a draw happened to leave the grammar would bias the output; the masked verifier rejects
+        such a draw exactly), and trees are kept whole (invalid nodes are masked out at their parents).
+        Lookahead (it observes its own rows) drafts alone, or forced tokens alone when there are any."""
+        if wanted <= 0 or room <= 0:
+            return []
+        t0 = time.perf_counter()
+        forced = matcher.forced_tokens()[: min(wanted, room)]
+        k = min(self.controller.next_k(), room - len(forced), wanted - len(forced))
+        if proposer.proposes_trees:
+            k = min(self.controller.next_k(), room - len(forced))
+        if forced and proposer.observes_rows:
+            k, self.observing = 0, False
+        proposal = Proposal()
+        if k > 0:
+            under_grammar = proposer.samples_under_grammar
+            if under_grammar:  # a draft model draws from its masked distribution, after the forced tokens
+                matcher.advance(forced)
+                proposer.grammar = matcher
+            try:
+                proposal = proposer.propose(context + forced, k, params, generator)
+            finally:
+                if under_grammar:
+                    proposer.grammar = None
+                    matcher.rollback(len(forced))
+            proposal = proposal.limited_to_depth(wanted - len(forced))
+            if proposal.parents is None and (proposal.probs is None or params.greedy):
+                matcher.advance(forced)
+                keep = matcher.valid_prefix_length(proposal.tokens)
+                matcher.rollback(len(forced))
+                proposal = proposal.limited_to_depth(keep)
+        self.proposed, self.num_forced = k > 0, len(forced)
+        self.proposal = _after(forced, proposal)
         self.proposer_seconds = time.perf_counter() - t0
         return self.proposal.tokens
 
@@ -102,13 +170,21 @@ class Speculation:
         draft_tokens: list[int],
         params: SamplingParams,
         generator: torch.Generator,
+        matcher: GrammarMatcher | None = None,
     ) -> tuple[VerificationResult, TokenTree]:
-        """The granted drafts (the proposal's first ones) against their rows' logits (1 + len(draft_tokens) rows)."""
+        """The granted drafts (the proposal's first ones) against their rows' logits (1 + len(draft_tokens)
+        rows); under a grammar (`matcher`, at the pending token) against the masked rows, so what is
+        committed is distributed as the constrained target."""
         granted = len(draft_tokens)
         proposal, tree = self.proposal, self.tree(granted)
         probs = None if proposal.probs is None else proposal.probs[:granted]
+        raw, self.row_masks = rows, None
+        if matcher is not None:
+            self.row_masks = matcher.tree_masks(tree, draft_tokens)[0]
+            rows = rows.masked(self.row_masks)
         result = verifier.verify(rows, tree, draft_tokens, probs, params, generator)
-        if self.proposer.observes_rows:  # rows[0] is the pending token's; node i's is rows[i + 1]
+        rows = raw
+        if self.observing:  # rows[0] is the pending token's; node i's is rows[i + 1]
             nodes = [i for i in proposal.observed if i < granted]
             self.proposer.observe_rows(int(rows.row(0).argmax()), [int(rows.row(i + 1).argmax()) for i in nodes])
         return result, tree
@@ -119,7 +195,8 @@ class Speculation:
         """Teach the proposer, the K controller and the request's statistics what this verification showed."""
         stats.proposer_seconds += self.proposer_seconds
         stats.target_seconds += target_seconds
-        self.proposer.update(result.num_accepted)
+        if self.proposed:  # (the drafts after the forced ones are the proposer's)
+            self.proposer.update(max(0, result.num_accepted - self.num_forced))
         depth = None if tree.is_chain() else tree.max_depth
         self.controller.record(
             tree.num_nodes,
@@ -135,3 +212,21 @@ class Speculation:
     def record_plain_step(self, seconds: float) -> None:
         """A step without drafts: its cost is what speculation competes with."""
         self.controller.record(0, 0, 0.0, seconds)
+
+
+def _after(forced: list[int], proposal: Proposal) -> Proposal:
+    """The forced tokens as a chain of deterministic drafts, then `proposal` below its last one
+    (forced rows of a sampled proposal get one-hot q: accepted with the target's probability, as
+    deterministic drafts are)."""
+    if not forced:
+        return proposal
+    f = len(forced)
+    parents = None
+    if proposal.parents is not None:
+        parents = list(range(-1, f - 1)) + [p + f if p >= 0 else f - 1 for p in proposal.parents]
+    probs = None
+    if proposal.probs is not None:
+        one_hot = proposal.probs.new_zeros(f, proposal.probs.shape[1])
+        one_hot[torch.arange(f), torch.tensor(forced)] = 1.0
+        probs = torch.cat([one_hot, proposal.probs])
+    return Proposal(forced + proposal.tokens, probs, parents, [i + f for i in proposal.observed])

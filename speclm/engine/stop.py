@@ -36,6 +36,10 @@ class OutputTracker:
             self.params.max_tokens - len(self.token_ids), self.max_total_tokens - self.prompt_len - len(self.token_ids)
         )
 
+    def finish(self, reason: str) -> None:
+        """End the output now (a grammar that is complete, or that reached a dead end)."""
+        self.finish_reason = reason
+
     def add(self, tokens: list[int]) -> int:
         """Commit tokens one by one until finished; returns how many were taken."""
         for i, token in enumerate(tokens):

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from speclm.sample.masked import mask_logits
 from speclm.sample.sampler import processed_probs, select_tokens
 from speclm.sampling_params import SamplingParams
 
@@ -32,6 +33,17 @@ class RowLogits:
     def on_demand(cls, compute_row: Callable[[int], torch.Tensor]) -> RowLogits:
         """Rows computed (once each) by compute_row(row) -> [vocab] when first asked for."""
         return cls(None, compute_row)
+
+    def masked(self, masks: torch.Tensor) -> RowLogits:
+        """These rows under a grammar: row r's disallowed tokens (masks [rows, vocab] False) at -inf. A
+        row with no allowed token (a dead end) is left unmasked: whatever is drawn there, the matcher
+        refuses it and the engine ends the request."""
+        masks = masks.clone()
+        masks[~masks.any(-1)] = True
+        if self._logits is not None:
+            return RowLogits.computed(mask_logits(self._logits, masks[: self._logits.shape[0]]))
+        masked = RowLogits.on_demand(lambda row: mask_logits(self.row(row), masks[row]))
+        return masked
 
     def row(self, row: int) -> torch.Tensor:
         """Logits of one row, [vocab]."""

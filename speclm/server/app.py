@@ -3,7 +3,9 @@ envelope (errors.py), and the engine thread started and stopped with the app."""
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -41,6 +43,8 @@ def create_app(
     async def lifespan(_app: FastAPI):
         engine.start()
         service.update_metrics()
+        if engine.engine is not None:  # the grammar engine's view of the tokenizer (seconds): off the request path
+            threading.Thread(target=_build_grammar_vocab, args=(engine.engine,), daemon=True).start()
         try:
             yield
         finally:
@@ -56,6 +60,13 @@ def create_app(
     )
     app.openapi = lambda: openapi_with_error_responses(app)
     return app
+
+
+def _build_grammar_vocab(engine) -> None:
+    try:
+        engine.grammar_vocab()
+    except Exception as e:  # (a tokenizer without EOS): constrained requests will fail with the reason
+        logging.getLogger("speclm.server").warning("structured outputs unavailable: %s", e)
 
 
 def served_model_name(model_path: str) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from speclm.server.protocol import ErrorResponse, error_body
@@ -49,25 +50,32 @@ class APIError(Exception):
 
 
 def _field_names() -> set[str]:
-    from speclm.server import protocol
+    from speclm.server import protocol, tool_protocol
 
     models = (
         protocol.CompletionRequest,
         protocol.ChatCompletionRequest,
-        protocol.ChatMessage,
-        protocol.TextPart,
         protocol.StreamOptions,
+        protocol.StructuredOutputs,
+        *(
+            getattr(tool_protocol, name)
+            for name in dir(tool_protocol)
+            if isinstance(getattr(tool_protocol, name), type) and issubclass(getattr(tool_protocol, name), BaseModel)
+        ),
     )
     return {name for model in models for name in model.model_fields}
 
 
 FIELD_NAMES = _field_names()
+ROLE_TAGS = {"system", "developer", "user", "assistant", "tool"}
 
 
 def _param(loc: tuple) -> str | None:
     """The field path of an error location, without pydantic's union-member tags ('str', 'list[int]')."""
     parts = []
     for part in loc[1:] if loc and loc[0] == "body" else loc:
+        if part in ROLE_TAGS and parts and parts[-1].isdigit():  # a message's union tag: its role
+            continue
         if not (isinstance(part, int) or part in FIELD_NAMES):
             break
         parts.append(str(part))

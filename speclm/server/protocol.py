@@ -8,11 +8,24 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, StrictStr
 
 from speclm.sampling_params import SEED_RANGE, SamplingParams
+from speclm.server.tool_protocol import ToolChatFields
+from speclm.structured.grammar import Constraint, ConstraintError, compile_constraint, constraint_from_response_format
 
 Number = Annotated[float, Strict()]  # an int or a float, not a string or a boolean
+
+
+def _integral_float(value: object) -> object:
+    """1.0 is an integer in JSON Schema (OpenAI's and vLLM's servers accept it): take it as 1."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# An integer as JSON Schema has it: 1 or 1.0, not 1.5, "1" or true.
+JsonInt = Annotated[int, BeforeValidator(_integral_float), Strict()]
 TokenId = Annotated[int, Strict(), Field(ge=0)]
 NonEmptyStr = Annotated[str, Strict(), Field(min_length=1)]
 
@@ -21,22 +34,79 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` (its `guided_*` fields before v0.11): exactly one of these."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    json_: dict | bool | None = Field(default=None, alias="json")
+    regex: StrictStr | None = None
+    choice: list | None = None
+    grammar: StrictStr | None = None
+    json_object: StrictBool | None = None
+
+    def constraints(self) -> list[tuple[str, Constraint]]:
+        out = []
+        for kind, name, value in (
+            ("json_schema", "json", self.json_),
+            ("regex", "regex", self.regex),
+            ("choice", "choice", self.choice),
+            ("grammar", "grammar", self.grammar),
+            ("json_object", "json_object", self.json_object or None),
+        ):
+            if value is not None:
+                param = f"structured_outputs.{name}"
+                out.append((param, compile_constraint(kind, value, param)))
+        return out
+
+
 class _GenerationRequest(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions (unknown fields are ignored, as OpenAI's are)."""
 
     model_config = ConfigDict(extra="ignore")
 
     model: StrictStr | None = None
-    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_tokens: JsonInt | None = Field(default=None, ge=1)
     temperature: Number | None = Field(default=1.0, ge=0.0, le=2.0)
     top_p: Number | None = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: StrictInt = Field(default=0, ge=0, description="not in OpenAI's API (vLLM accepts it too); 0 = off")
-    n: StrictInt = Field(default=1, ge=1)
+    top_k: JsonInt = Field(default=0, ge=0, description="not in OpenAI's API (vLLM accepts it too); 0 = off")
+    n: JsonInt = Field(default=1, ge=1)
     stop: NonEmptyStr | list[NonEmptyStr] | None = None
-    seed: StrictInt | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    seed: JsonInt | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = False
+    response_format: dict | None = Field(
+        default=None, description='{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}'
+    )
+    structured_outputs: StructuredOutputs | None = Field(
+        default=None, description="vLLM's extension: one of json, regex, choice, grammar, json_object"
+    )
+    guided_json: dict | bool | None = Field(default=None, description="vLLM's older name of structured_outputs.json")
+    guided_regex: StrictStr | None = Field(default=None, description="vLLM's older name of structured_outputs.regex")
+    guided_choice: list | None = Field(default=None, description="vLLM's older name of structured_outputs.choice")
+    guided_grammar: StrictStr | None = Field(
+        default=None, description="vLLM's older name of structured_outputs.grammar"
+    )
+
+    def constraint(self) -> Constraint | None:
+        """The output constraint the request asks for (None: free text); ConstraintError naming the field
+        for an invalid or unsupported one, or for more than one."""
+        asked = []
+        if self.response_format is not None:
+            constraint = constraint_from_response_format(self.response_format)
+            if constraint is not None:
+                asked.append(("response_format", constraint))
+        if self.structured_outputs is not None:
+            asked += self.structured_outputs.constraints()
+        for kind, name in (("json_schema", "json"), ("regex", "regex"), ("choice", "choice"), ("grammar", "grammar")):
+            value = getattr(self, f"guided_{name}")
+            if value is not None:
+                asked.append((f"guided_{name}", compile_constraint(kind, value, f"guided_{name}")))
+        if len(asked) > 1:
+            fields = ", ".join(param for param, _ in asked)
+            raise ConstraintError(asked[1][0], f"give one output constraint, got {fields}")
+        return asked[0][1] if asked else None
 
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -46,7 +116,7 @@ class _GenerationRequest(BaseModel):
         (`room`: what the context leaves after the prompt)."""
         return self.max_tokens or room
 
-    def sampling_params(self, room: int) -> SamplingParams:
+    def sampling_params(self, room: int, constraint: Constraint | None = None) -> SamplingParams:
         """The request's SamplingParams (`room`: tokens the context leaves after the prompt). ValueError
         (with the field's name) for values SamplingParams rejects, e.g. a top_p that is 0 in float32."""
         max_tokens = self.resolved_max_tokens(room)
@@ -58,7 +128,13 @@ class _GenerationRequest(BaseModel):
             max_tokens=max_tokens,
             stop=self.stop_strings(),
             ignore_eos=self.ignore_eos,
+            constraint=constraint,
+            logprobs=self.logprobs_count(),
         )
+
+    def logprobs_count(self) -> int | None:
+        """Alternatives to report per token (0: the chosen token's logprob only); None: no logprobs."""
+        return None
 
 
 class CompletionRequest(_GenerationRequest):
@@ -70,38 +146,37 @@ class CompletionRequest(_GenerationRequest):
         | Annotated[list[StrictStr], Field(min_length=1, max_length=1)]
     )
     echo: StrictBool = False
-    logprobs: StrictInt | None = Field(default=None, ge=0, le=5)
+    logprobs: JsonInt | None = Field(default=None, ge=0, le=5)
     suffix: StrictStr | None = None
 
     def resolved_max_tokens(self, room: int) -> int:
         return self.max_tokens or 16  # OpenAI's default for completions
 
-
-class TextPart(BaseModel):
-    type: Literal["text"]
-    text: StrictStr
+    def logprobs_count(self) -> int | None:
+        return self.logprobs
 
 
-class ChatMessage(BaseModel):
-    role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: StrictStr | list[TextPart] | None = None
+class ChatCompletionRequest(_GenerationRequest, ToolChatFields):
+    """POST /v1/chat/completions: messages told apart by role (a `tool` message needs `tool_call_id` and
+    content), `tools`, `tool_choice`, `parallel_tool_calls` (server/tool_protocol.py)."""
 
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
-        return self.content or ""
-
-
-class ChatCompletionRequest(_GenerationRequest):
-    """POST /v1/chat/completions."""
-
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_completion_tokens: JsonInt | None = Field(default=None, ge=1)
     logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+    top_logprobs: JsonInt | None = Field(default=None, ge=0, le=20)
 
     def resolved_max_tokens(self, room: int) -> int:
         return self.max_completion_tokens or self.max_tokens or room  # chat: up to the context by default
+
+    def logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def uses_tools(self) -> bool:
+        """Tools are offered (and the reply is parsed for calls)."""
+        return bool(self.tools) and self.resolved_tool_choice() != "none"
+
+    def has_tool_messages(self) -> bool:
+        """The conversation carries calls or their results (rendered the tool way even without tools)."""
+        return any(m.role == "tool" or getattr(m, "tool_calls", None) for m in self.messages)
 
 
 # -- responses (what the OpenAPI document promises; routes build them as dicts) -------------------
@@ -114,8 +189,8 @@ class Usage(BaseModel):
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
-    finish_reason: Literal["stop", "length"] | None
+    logprobs: dict | None = None
+    finish_reason: Literal["stop", "length", "tool_calls", "grammar_dead_end"] | None
 
 
 class CompletionResponse(BaseModel):
@@ -127,16 +202,23 @@ class CompletionResponse(BaseModel):
     usage: Usage
 
 
+class ResponseToolCall(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: dict
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None
+    tool_calls: list[ResponseToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
-    finish_reason: Literal["stop", "length"] | None
+    logprobs: dict | None = None
+    finish_reason: Literal["stop", "length", "tool_calls", "grammar_dead_end"] | None
 
 
 class ChatCompletionResponse(BaseModel):

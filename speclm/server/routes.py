@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from speclm.engine.request import SequenceOutput
+from speclm.engine.request import SequenceOutput, TokenLogprob
 from speclm.server.errors import ERROR_RESPONSES, APIError
 from speclm.server.protocol import (
     ChatCompletionRequest,
@@ -17,6 +18,7 @@ from speclm.server.protocol import (
     ModelList,
 )
 from speclm.server.service import GenerationService, Submission
+from speclm.structured.tool_calls import ToolCallStream, parse_tool_calls
 
 router = APIRouter()
 STREAM_RESPONSE = {
@@ -32,6 +34,38 @@ def service_of(raw: Request) -> GenerationService:
 
 def finish_reason(out: SequenceOutput) -> str | None:
     return out.output.finish_reason if out.finished else None
+
+
+def completion_logprobs(service: GenerationService, logprobs: list[TokenLogprob] | None) -> dict | None:
+    """/v1/completions' logprobs object (its legacy shape): tokens, their logprobs, the top N of each."""
+    if logprobs is None:
+        return None
+    text = service.tokenizer.decode
+    tokens = [text([lp.token]) for lp in logprobs]
+    offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0)) if tokens else []
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp.logprob for lp in logprobs],
+        "top_logprobs": [{text([t]): v for t, v in lp.top} for lp in logprobs],
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(service: GenerationService, logprobs: list[TokenLogprob] | None) -> dict | None:
+    """/v1/chat/completions' logprobs object: per token its text, bytes, logprob and top_logprobs."""
+    if logprobs is None:
+        return None
+
+    def entry(token: int, value: float) -> dict:
+        text = service.tokenizer.decode([token])
+        return {"token": text, "logprob": value, "bytes": list(text.encode("utf-8"))}
+
+    return {
+        "content": [
+            {**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]} for lp in logprobs
+        ],
+        "refusal": None,
+    }
 
 
 @router.get("/health", responses={503: {"description": "the engine is not running"}})
@@ -64,7 +98,6 @@ async def completions(body: CompletionRequest, raw: Request):
     service = service_of(raw)
     for name, unsupported in (
         ("echo", body.echo),
-        ("logprobs", body.logprobs is not None),
         ("suffix", body.suffix is not None),
     ):
         if unsupported:
@@ -86,7 +119,12 @@ async def completions(body: CompletionRequest, raw: Request):
         return _stream_completion(service, submission, body, base)
     finals = await service.collect(submission, raw)
     choices = [
-        {"index": i, "text": finals[i].output.text, "logprobs": None, "finish_reason": finish_reason(finals[i])}
+        {
+            "index": i,
+            "text": finals[i].output.text,
+            "logprobs": completion_logprobs(service, finals[i].output.logprobs),
+            "finish_reason": finish_reason(finals[i]),
+        }
         for i in sorted(finals)
     ]
     completion = sum(len(f.output.token_ids) for f in finals.values())
@@ -102,7 +140,8 @@ def _stream_completion(
         completion[0] += len(out.token_ids)
         if not (out.text or out.finished):
             return []
-        choice = {"index": out.index, "text": out.text, "logprobs": None, "finish_reason": finish_reason(out)}
+        logprobs = completion_logprobs(service, out.logprobs)
+        choice = {"index": out.index, "text": out.text, "logprobs": logprobs, "finish_reason": finish_reason(out)}
         return [{**base, "choices": [choice]}]
 
     def last() -> list[dict]:
@@ -118,23 +157,26 @@ def _stream_completion(
 )
 async def chat_completions(body: ChatCompletionRequest, raw: Request):
     service = service_of(raw)
-    if body.logprobs or body.top_logprobs:
-        raise APIError(400, "logprobs is not supported by this server", param="logprobs")
-    prompt_ids = await service.encode_chat(body.messages)
-    submission = service.submit(body, prompt_ids, None)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    tools_constraint = service.check_chat(body)
+    prompt_ids = await service.encode_chat(body)
+    submission = service.submit(body, prompt_ids, None, tools_constraint)
     base = {"id": f"chatcmpl-{submission.request_id}", "created": int(time.time()), "model": service.config.model_name}
     if body.stream:
         return _stream_chat(service, submission, body, base)
     finals = await service.collect(submission, raw)
-    choices = [
-        {
-            "index": i,
-            "message": {"role": "assistant", "content": finals[i].output.text},
-            "logprobs": None,
-            "finish_reason": finish_reason(finals[i]),
-        }
-        for i in sorted(finals)
-    ]
+    choices = []
+    for i in sorted(finals):
+        message, reason = {"role": "assistant", "content": finals[i].output.text}, finish_reason(finals[i])
+        if body.uses_tools():
+            parsed = parse_tool_calls(message["content"], service.tool_format())
+            message["content"] = parsed.content
+            if parsed.tool_calls:
+                message["tool_calls"] = parsed.tool_calls
+                reason = "tool_calls" if reason == "stop" else reason
+        logprobs = chat_logprobs(service, finals[i].output.logprobs)
+        choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason})
     completion = sum(len(f.output.token_ids) for f in finals.values())
     return {
         **base,
@@ -154,17 +196,33 @@ def _stream_chat(
         for i in range(body.n)
     ]
 
+    # With tools, each sample's text goes through a ToolCallStream: content as it comes, each call whole
+    # when it closes (as OpenAI streams them: index, id, type, function name and arguments).
+    calls = {i: ToolCallStream(service.tool_format()) for i in range(body.n)} if body.uses_tools() else None
+    called: set[int] = set()
+
+    def delta(index: int, payload: dict, logprobs: dict | None = None) -> dict:
+        choice = {"index": index, "delta": payload, "finish_reason": None}
+        if logprobs is not None:
+            choice["logprobs"] = logprobs
+        return {**chunk, "choices": [choice]}
+
     def render(out: SequenceOutput) -> list[dict]:
         completion[0] += len(out.token_ids)
-        payloads = []
-        if out.text:
-            payloads.append(
-                {**chunk, "choices": [{"index": out.index, "delta": {"content": out.text}, "finish_reason": None}]}
-            )
+        logprobs = chat_logprobs(service, out.logprobs)
+        if calls is None:
+            deltas = [{"content": out.text}] if out.text or out.logprobs else []
+        else:
+            stream = calls[out.index]
+            deltas = stream.feed(out.text) + (stream.finish() if out.finished else [])
+            called.update(out.index for d in deltas if "tool_calls" in d)
+            if logprobs is not None and not deltas:
+                deltas = [{"content": ""}]
+        payloads = [delta(out.index, d, logprobs if j == 0 else None) for j, d in enumerate(deltas)]
         if out.finished:
-            payloads.append(
-                {**chunk, "choices": [{"index": out.index, "delta": {}, "finish_reason": finish_reason(out)}]}
-            )
+            reason = finish_reason(out)
+            reason = "tool_calls" if reason == "stop" and out.index in called else reason
+            payloads.append({**chunk, "choices": [{"index": out.index, "delta": {}, "finish_reason": reason}]})
         return payloads
 
     def last() -> list[dict]:

@@ -22,7 +22,10 @@ from speclm.engine.request import Request as EngineRequest
 from speclm.server.config import ServerConfig
 from speclm.server.errors import APIError
 from speclm.server.metrics import ServerMetrics
-from speclm.server.protocol import ChatMessage, _GenerationRequest
+from speclm.server.protocol import ChatCompletionRequest, _GenerationRequest
+from speclm.server.tool_protocol import ToolRequestError, check_tool_request
+from speclm.structured.grammar import Constraint, ConstraintError
+from speclm.structured.tools import render_tool_prompt, tool_constraint, tool_format
 from speclm.tokenizer import Tokenizer
 
 DISCONNECT_POLL_SECONDS = 0.25  # how often a non-streaming request checks that its client is still there
@@ -75,19 +78,51 @@ class GenerationService:
         _check_unicode(text, param)
         return await run_in_threadpool(self.tokenizer.encode, text)
 
-    async def encode_chat(self, messages: list[ChatMessage]) -> list[int]:
-        dicts = [{"role": m.role, "content": m.text()} for m in messages]
+    async def encode_chat(self, body: ChatCompletionRequest) -> list[int]:
+        """The chat prompt's ids; with tools (or calls and results in the conversation) rendered by
+        render_tool_prompt: the model's own template when it takes tools, else the generic tool prompt."""
+        dicts = body.message_dicts()
         for i, d in enumerate(dicts):
-            _check_unicode(d["content"], f"messages.{i}.content")
+            _check_unicode(_text(d.get("content")), f"messages.{i}.content")
         try:
-            return await run_in_threadpool(self.tokenizer.encode_chat, dicts)
+            if body.uses_tools() or body.has_tool_messages():
+                choice, tools = body.resolved_tool_choice(), body.tool_dicts()
+                text = await run_in_threadpool(
+                    render_tool_prompt, self.tokenizer, dicts, tools, choice, body.parallel_tool_calls
+                )
+                return await run_in_threadpool(self.tokenizer.encode, text, False)
+            plain = [{"role": d["role"], "content": _text(d.get("content"))} for d in dicts]
+            return await run_in_threadpool(self.tokenizer.encode_chat, plain)
         except ValueError as e:
             raise APIError(400, str(e), param="messages") from e
 
+    def tool_format(self) -> str:
+        """How this model's replies carry tool calls (structured/tools.py: hermes or generic)."""
+        return tool_format(self.tokenizer.chat_template)
+
+    def check_chat(self, body: ChatCompletionRequest) -> Constraint | None:
+        """The cross-field tool checks (400 naming the field), and the constraint on the reply that
+        tool_choice puts (None: response_format's, if any, applies)."""
+        try:
+            check_tool_request(body)
+            if not body.uses_tools():
+                return None
+            return tool_constraint(
+                self.tokenizer,
+                self.tool_format(),
+                body.tool_dicts(),
+                body.resolved_tool_choice(),
+                body.parallel_tool_calls,
+            )
+        except (ToolRequestError, ConstraintError) as e:
+            raise APIError(400, e.message, param=e.param) from e
+
     # -- submission ----------------------------------------------------------------------------
-    def submit(self, body: _GenerationRequest, prompt_ids: list[int], prompt: str | None) -> Submission:
+    def submit(
+        self, body: _GenerationRequest, prompt_ids: list[int], prompt: str | None, constraint: Constraint | None = None
+    ) -> Submission:
         """Check the request against the server's and the engine's limits (the engine trusts what it is
-        given), then queue it; nothing is queued on error."""
+        given), then queue it; nothing is queued on error. `constraint`: the tools' (else the body's)."""
         if not self.engine.alive:
             raise APIError(503, "the engine is not running", "server_error", code="engine_unavailable")
         if self.in_flight >= self.config.max_concurrent_requests:
@@ -97,6 +132,10 @@ class GenerationService:
                 "rate_limit_error",
                 code="rate_limit_exceeded",
             )
+        try:  # (compiled before any model work; the grammar engine is built at server start)
+            constraint = constraint or body.constraint()
+        except ConstraintError as e:
+            raise APIError(400, str(e), param=e.param) from e
         limits = self.engine.limits
         self._check_limits(body, prompt_ids, limits)
         try:
@@ -104,7 +143,7 @@ class GenerationService:
         except PromptError as e:
             raise APIError(400, str(e), param="prompt", code=e.code) from e
         try:
-            params = body.sampling_params(room=limits.max_total_tokens - len(prompt_ids))
+            params = body.sampling_params(limits.max_total_tokens - len(prompt_ids), constraint)
         except ValueError as e:
             raise APIError(400, str(e), param=str(e).split(" ", 1)[0]) from e
         request_id = f"{next(self._ids)}-{uuid.uuid4().hex[:8]}"
@@ -212,6 +251,12 @@ def engine_error(e: Exception) -> APIError:
 
 def sse(payload: dict | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+def _text(content: str | list | None) -> str:
+    if isinstance(content, list):
+        return "".join(part["text"] for part in content)
+    return content or ""
 
 
 def _check_unicode(text: str, param: str) -> None:

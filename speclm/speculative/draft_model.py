@@ -10,6 +10,7 @@ import torch
 
 from speclm.models.attention import AttentionMetadata
 from speclm.models.llama import LlamaModel
+from speclm.sample.masked import mask_logits
 from speclm.sample.sampler import processed_probs, sample_from_probs
 from speclm.sampling_params import SamplingParams
 from speclm.speculative.heads import draft_lm_head
@@ -89,6 +90,8 @@ class DraftModelProposer(Proposer):
     consistent difference (benchmarks/draft_window/draft_window.md). The target verifies every draft,
     so what the draft reads never changes the output, only how often it is right.
     """
+
+    samples_under_grammar = True
 
     def __init__(
         self,
@@ -214,6 +217,8 @@ class DraftModelProposer(Proposer):
         self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Proposal:
         logits = self._catch_up(context)
+        if self.grammar is not None:
+            return self._propose_under_grammar(logits, k, params, generator)
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         for i in range(k):
@@ -227,6 +232,44 @@ class DraftModelProposer(Proposer):
             if i + 1 < k:
                 logits = self._feed([token])
         return Proposal(tokens, torch.stack(probs) if probs else None)
+
+    def _propose_under_grammar(
+        self, logits: torch.Tensor, k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
+        """The chain drawn from the draft's masked distribution (`grammar`, a GrammarMatcher at the
+        context's end, advanced over each draft and rolled back after): every draft is one the grammar
+        allows, and q is the distribution it was really drawn from, so verification stays exact. Stops
+        at a dead end and after an EOS."""
+        grammar, tokens, probs, advanced = self.grammar, [], [], 0
+        try:
+            for i in range(k):
+                mask = self._draft_mask(grammar.allowed_mask())  # [V] or [V'] over the token map
+                if not mask.any():
+                    break
+                masked = mask_logits(logits, mask[None])
+                if params.greedy:
+                    token = self._token(int(masked.argmax(-1)))
+                else:
+                    q = self._full_vocab(processed_probs(masked, params))  # [1, vocab]
+                    token = int(sample_from_probs(q, generator))
+                    probs.append(q[0])
+                tokens.append(token)
+                if token in grammar.vocab.eos_token_ids or grammar.advance([token]) != 1:
+                    break
+                advanced += 1
+                if i + 1 < k:
+                    logits = self._feed([token])
+        finally:
+            grammar.rollback(advanced)
+        return Proposal(tokens, torch.stack(probs) if probs else None)
+
+    def _draft_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """The grammar's mask over the draft head's columns (the token map's, or the draft's vocabulary)."""
+        if self.token_map is not None:
+            return mask[self.token_map]
+        if mask.shape[0] >= self.vocab_size:
+            return mask[: self.vocab_size]
+        return torch.cat([mask, mask.new_zeros(self.vocab_size - mask.shape[0])])
 
 
 class DraftTreeProposer(DraftModelProposer):

@@ -44,6 +44,8 @@ class HybridProposer(Proposer):
 
     explore_interval: int = 16
 
+    samples_under_grammar = True
+
     def __init__(self, draft: DraftModelProposer, min_n: int = 2, max_n: int = 4, name: str = "hybrid") -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError(f"prompt lookup needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
@@ -93,7 +95,12 @@ class HybridProposer(Proposer):
                 self.draft.sync(context)
             proposal, stats, source = Proposal(tokens), self.lookup_stats[n], LOOKUP
         else:
-            proposal, stats, source = self.draft.propose(context, k, params, generator), self.draft_stats, DRAFT
+            self.draft.grammar = self.grammar
+            try:
+                proposal = self.draft.propose(context, k, params, generator)
+            finally:
+                self.draft.grammar = None
+            stats, source = self.draft_stats, DRAFT
         self.prefilled = True
         self.proposals[source] += 1
         end = time.perf_counter()

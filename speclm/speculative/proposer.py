@@ -78,6 +78,10 @@ class Proposer:
     observes_rows: ClassVar[bool] = False
     # Proposers whose proposal shape fixes K (a node budget) set it; K is then neither the user's nor adaptive.
     node_budget: int | None = None
+    # Draws its drafts under a constrained sequence's grammar: the engine sets `grammar` (a GrammarMatcher
+    # at the context's end; the proposer must leave it as it found it) around propose() (draft models).
+    samples_under_grammar: ClassVar[bool] = False
+    grammar = None
 
     def fresh(self) -> Proposer:
         """A proposer for another sequence: shares this one's heavy parts, none of its per-sequence state."""

@@ -16,9 +16,9 @@ from speclm.sample.masked import (
     select_masked,
     token_logprobs,
 )
-from speclm.sample.rejection import RejectionSampler
 from speclm.sample.sampler import processed_probs
 from speclm.sampling_params import SamplingParams
+from tests.sample.test_rejection import verify_chain, verify_probs
 from tests.speculative.test_exactness import g_test_pvalue
 
 ALPHA = 1e-3
@@ -100,7 +100,6 @@ def test_verification_under_a_mask_commits_the_masked_target(drafted):
     p = masked_probs(target, params, masks)  # [k + 1, vocab]
     q = masked_probs(draft, params, masks[:k])  # the draft model samples inside the grammar
     outside = int((~masks[0]).nonzero()[0])
-    sampler = RejectionSampler()
     counts, wrong_counts = np.zeros(vocab), np.zeros(vocab)
     unmasked = processed_probs(target, params)
     for _ in range(n):
@@ -109,8 +108,8 @@ def test_verification_under_a_mask_commits_the_masked_target(drafted):
             probs = q
         else:  # n-gram-like drafts, the first outside the grammar
             drafts, probs = [outside, 1], None
-        counts[sampler.verify_probs(p, drafts, probs, gen).tokens[0]] += 1
-        wrong_counts[sampler.verify_probs(unmasked, drafts, probs, gen).tokens[0]] += 1
+        counts[verify_probs(p, drafts, probs, gen).tokens[0]] += 1
+        wrong_counts[verify_probs(unmasked, drafts, probs, gen).tokens[0]] += 1
     assert g_test_pvalue(counts, p[0].double().numpy()) > ALPHA
     assert counts[outside] == 0
     assert wrong_counts[~masks[0].numpy()].sum() > 0  # the negative control leaves the grammar
@@ -122,9 +121,9 @@ def test_masked_target_logits_verify_greedy_inside_the_grammar():
     target = torch.tensor([[0.0, 9.0, 5.0, 1.0], [0.0, 1.0, 2.0, 9.0]])
     masks = torch.tensor([[True, False, True, True], [True, True, True, True]])
     greedy = SamplingParams(temperature=0.0)
-    result = RejectionSampler().verify_chain(masked_target_logits(target, masks), [1], None, greedy)
+    result = verify_chain(masked_target_logits(target, masks), [1], None, greedy)
     assert result.tokens == [2] and result.num_accepted == 0
-    result = RejectionSampler().verify_chain(masked_target_logits(target, masks), [2], None, greedy)
+    result = verify_chain(masked_target_logits(target, masks), [2], None, greedy)
     assert result.tokens == [2, 3] and result.bonus
 
 

@@ -23,12 +23,19 @@ CRASHERS = [
     (COMPLETIONS, {"prompt": "a\ud800"}, 400, "prompt"),  # a lone surrogate
     (CHAT, {"messages": [{"role": "user", "content": "\udfff"}]}, 400, "messages.0.content"),
     (COMPLETIONS, {"prompt": "a", "stream": "yes"}, 400, "stream"),
-    (COMPLETIONS, {"prompt": "a", "n": 1.0}, 400, "n"),
+    (COMPLETIONS, {"prompt": "a", "n": 1.5}, 400, "n"),  # (1.0 is an integer in JSON Schema: accepted)
     (COMPLETIONS, {"prompt": [False]}, 400, "prompt"),
     (COMPLETIONS, {"prompt": "a", "temperature": float("nan")}, 400, "temperature"),  # Python's JSON reads NaN
-    (COMPLETIONS, {"prompt": "a", "logprobs": 0}, 400, "logprobs"),
+    (COMPLETIONS, {"prompt": "a", "logprobs": 6}, 400, "logprobs"),  # OpenAI's limit is 5
     (COMPLETIONS, {"prompt": "a", "echo": True}, 400, "echo"),
-    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 1}, 400, "logprobs"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 1}, 400, "top_logprobs"),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21},
+        400,
+        "top_logprobs",
+    ),
+    (COMPLETIONS, {"prompt": "a", "response_format": {"type": "xml"}}, 400, "response_format.type"),
     (COMPLETIONS, {"prompt": "a", "stop": ["x"] * 17}, 400, "stop"),
 ]
 

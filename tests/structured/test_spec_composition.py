@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from speclm.sample.masked import masked_target_logits, select_masked
-from speclm.sample.rejection import RejectionSampler
 from speclm.sample.tree import TokenTree
 from speclm.sampling_params import SamplingParams
 from speclm.structured.grammar import compile_constraint
 from speclm.structured.matcher import GrammarMatcher
+from tests.sample.test_rejection import verify_chain
 from tests.structured.test_matcher import SCHEMAS
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -60,7 +60,7 @@ def greedy_speculative(vocab, constraint, reference, gen, k=4, max_tokens=200, m
         rows = torch.stack([target_logits(out + chain[:i], vocab.vocab_size) for i in range(len(chain) + 1)])
         passes += 1
         rows = masked_target_logits(rows, masks) if mask_rows else rows
-        result = RejectionSampler().verify_chain(rows, chain, None, GREEDY)
+        result = verify_chain(rows, chain, None, GREEDY)
         forced_used += min(result.num_accepted, len(forced))
         tokens = result.tokens
         if any(t in vocab.eos_token_ids for t in tokens):

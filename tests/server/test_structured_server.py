@@ -1,0 +1,149 @@
+"""Structured outputs through the server (issue 34): response_format json_object / json_schema and vLLM's
+structured_outputs / guided_* on both endpoints, 400s naming the field for bad constraints (before any
+model work), and "n": 1.0 accepted."""
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+from speclm.config import CacheConfig
+from tests.server.conftest import running_server
+
+pytestmark = pytest.mark.slow
+
+BOOK = {
+    "type": "object",
+    "properties": {"title": {"type": "string"}, "year": {"type": "integer"}},
+    "required": ["title", "year"],
+}
+ASK = [{"role": "user", "content": "Give me a famous book as JSON with title and year."}]
+
+
+@pytest.fixture(scope="module")
+def server(default_llm):
+    with running_server(default_llm, CacheConfig(kv_cache_mb=64)) as (url, app):
+        yield url, openai.OpenAI(base_url=f"{url}/v1", api_key="x", timeout=120, max_retries=0)
+
+
+def test_json_schema_and_json_object_on_chat(server):
+    _, client = server
+    r = client.chat.completions.create(
+        model="m",
+        messages=ASK,
+        max_tokens=60,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "book", "schema": BOOK, "strict": True}},
+    )
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), BOOK)
+    stream = client.chat.completions.create(
+        model="m", messages=ASK, max_tokens=60, temperature=0, stream=True, response_format={"type": "json_object"}
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(text), dict)
+
+
+def test_vllm_extensions_on_completions(server):
+    _, client = server
+    r = client.completions.create(
+        model="m",
+        prompt="The capital of France is",
+        max_tokens=8,
+        temperature=0,
+        extra_body={"structured_outputs": {"choice": ["Paris", "Lyon", "Nice"]}},
+    )
+    assert r.choices[0].text in ("Paris", "Lyon", "Nice") and r.choices[0].finish_reason == "stop"
+    r = client.completions.create(
+        model="m", prompt="The year was", max_tokens=8, temperature=0, extra_body={"guided_regex": r" [0-9]{4}"}
+    )
+    assert r.choices[0].finish_reason == "stop" and len(r.choices[0].text) == 5 and r.choices[0].text[1:].isdigit()
+    r = client.completions.create(
+        model="m",
+        prompt="Say yes or no:",
+        max_tokens=8,
+        temperature=0,
+        extra_body={"guided_grammar": 'start: " yes" | " no"'},
+    )
+    assert r.choices[0].text in (" yes", " no")
+
+
+def test_bad_constraints_are_400s_naming_the_field(server):
+    import httpx
+
+    url, _ = server
+    cases = [
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
+            "response_format.json_schema.schema",
+        ),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs.regex"),
+        ({"guided_grammar": "start: undefined_rule"}, "guided_grammar"),
+        ({"guided_choice": []}, "guided_choice"),
+        ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex"),
+    ]
+    for extra, param in cases:
+        for path, body in (
+            ("/v1/chat/completions", {"messages": ASK, "max_tokens": 4}),
+            ("/v1/completions", {"prompt": "x", "max_tokens": 4}),
+        ):
+            r = httpx.post(url + path, json={**body, **extra}, timeout=60)
+            assert r.status_code == 400, (extra, r.text)
+            assert r.json()["error"]["param"] == param, r.json()
+
+
+def test_n_as_a_float_integer_and_completions_default_max_tokens(server):
+    import httpx
+
+    url, _ = server
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": ASK, "max_tokens": 2, "n": 1.0}, timeout=60)
+    assert r.status_code == 200, r.text
+    r = httpx.post(
+        url + "/v1/completions", json={"prompt": "Once", "n": 1.0, "temperature": 0, "ignore_eos": True}, timeout=60
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 16
+    r = httpx.post(url + "/v1/completions", json={"prompt": "Once", "n": 1.5}, timeout=60)
+    assert r.status_code == 400
+
+
+def test_logprobs_on_both_endpoints_streaming_included(server, default_llm):
+    from speclm import SamplingParams
+
+    _, client = server
+    offline = default_llm.chat(ASK, SamplingParams(max_tokens=6, logprobs=3))
+    r = client.chat.completions.create(
+        model="m", messages=ASK, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) == len(offline.token_ids) and all(len(c.top_logprobs) == 3 for c in content)
+    for c, lp in zip(content, offline.logprobs):
+        assert c.logprob == pytest.approx(lp.logprob, abs=1e-4) and c.top_logprobs[0].token == c.token
+    stream = client.chat.completions.create(
+        model="m", messages=ASK, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2, stream=True
+    )
+    streamed = [
+        c for chunk in stream if chunk.choices and chunk.choices[0].logprobs for c in chunk.choices[0].logprobs.content
+    ]
+    assert [c.logprob for c in streamed] == pytest.approx([c.logprob for c in content], abs=1e-4)
+    r = client.completions.create(model="m", prompt="The capital of France is", max_tokens=5, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text and len(lp.token_logprobs) == 5
+    assert all(len(t) <= 2 for t in lp.top_logprobs) and lp.text_offset[0] == 0
+    # under a grammar: only allowed tokens are listed
+    r = client.completions.create(
+        model="m",
+        prompt="The capital of France is",
+        max_tokens=5,
+        temperature=0,
+        logprobs=5,
+        extra_body={"structured_outputs": {"choice": [" Paris", " Lyon"]}},
+    )
+    assert r.choices[0].text in (" Paris", " Lyon")
+    first = r.choices[0].logprobs.top_logprobs[0]
+    assert set(first) <= {" Paris", " Lyon", " P", " Ly", " Pa", " L", " Par", " Lyo"} or len(first) <= 5
