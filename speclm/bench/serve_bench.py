@@ -99,7 +99,9 @@ async def run_level(url: str, prompts: list[list[int]], concurrency: int, num_re
             i = queue.pop(0)
             results[i] = await _one_request(client, url, prompts[i % len(prompts)], max_tokens)
 
-    limits = httpx.Limits(max_connections=concurrency + 4)
+    # A fresh connection per request: llama-server (cpp-httplib) closes a kept-alive connection after a
+    # few requests, and a client that reuses it then sees "Server disconnected without sending a response".
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
