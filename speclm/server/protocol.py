@@ -60,7 +60,7 @@ class StructuredOutputs(BaseModel):
         return out
 
 
-class _GenerationRequest(BaseModel):
+class GenerationRequest(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions (unknown fields are ignored, as OpenAI's are)."""
 
     model_config = ConfigDict(extra="ignore")
@@ -137,7 +137,7 @@ class _GenerationRequest(BaseModel):
         return None
 
 
-class CompletionRequest(_GenerationRequest):
+class CompletionRequest(GenerationRequest):
     """POST /v1/completions: one prompt, as text or token ids."""
 
     prompt: (
@@ -156,7 +156,7 @@ class CompletionRequest(_GenerationRequest):
         return self.logprobs
 
 
-class ChatCompletionRequest(_GenerationRequest, ToolChatFields):
+class ChatCompletionRequest(GenerationRequest, ToolChatFields):
     """POST /v1/chat/completions: messages told apart by role (a `tool` message needs `tool_call_id` and
     content), `tools`, `tool_choice`, `parallel_tool_calls` (server/tool_protocol.py)."""
 

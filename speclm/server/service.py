@@ -22,7 +22,7 @@ from speclm.engine.request import Request as EngineRequest
 from speclm.server.config import ServerConfig
 from speclm.server.errors import APIError
 from speclm.server.metrics import ServerMetrics
-from speclm.server.protocol import ChatCompletionRequest, _GenerationRequest
+from speclm.server.protocol import ChatCompletionRequest, GenerationRequest
 from speclm.server.tool_protocol import ToolRequestError, check_tool_request
 from speclm.structured.grammar import Constraint, ConstraintError
 from speclm.structured.tools import render_tool_prompt, tool_constraint, tool_format
@@ -119,7 +119,7 @@ class GenerationService:
 
     # -- submission ----------------------------------------------------------------------------
     def submit(
-        self, body: _GenerationRequest, prompt_ids: list[int], prompt: str | None, constraint: Constraint | None = None
+        self, body: GenerationRequest, prompt_ids: list[int], prompt: str | None, constraint: Constraint | None = None
     ) -> Submission:
         """Check the request against the server's and the engine's limits (the engine trusts what it is
         given), then queue it; nothing is queued on error. `constraint`: the tools' (else the body's)."""
@@ -151,7 +151,7 @@ class GenerationService:
         self.metrics.prompt_tokens.inc(len(prompt_ids))
         return Submission(request_id, prompt_ids, self._counted(outputs))
 
-    def _check_limits(self, body: _GenerationRequest, prompt_ids: list[int], limits: PromptLimits) -> None:
+    def _check_limits(self, body: GenerationRequest, prompt_ids: list[int], limits: PromptLimits) -> None:
         c = self.config
         max_n = min(c.max_n, limits.max_num_seqs)
         if body.n > max_n:
