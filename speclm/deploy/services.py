@@ -87,7 +87,12 @@ class TargetService:
         self.compute = ThreadPoolExecutor(1, "speclm-engine")
         llm = await asyncio.wrap_future(
             self.compute.submit(
-                LLM, config.model, tokenizer=config.tokenizer, threads=config.threads, weights=config.weights
+                LLM,
+                config.model,
+                tokenizer=config.tokenizer,
+                threads=config.threads,
+                weights=config.weights,
+                device="cpu",  # deploy runs on the CPU (its CLI refuses --device cuda)
             )
         )
         if draft is not None:

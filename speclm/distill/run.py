@@ -114,7 +114,7 @@ def prepare(opts: DistillOptions, llm=None) -> Prepared:
 
     torch.manual_seed(opts.train.seed)
     start = time.perf_counter()
-    llm = llm or LLM(opts.model, tokenizer=opts.tokenizer, weights=opts.weights)
+    llm = llm or LLM(opts.model, tokenizer=opts.tokenizer, weights=opts.weights, device="cpu")
     prompts = training_prompts(opts.prompts, own=opts.own_prompts)
     data, data_path = load_or_build(llm, opts.weights, prompts, opts.data, opts.data_dir)
     validation = None
