@@ -205,6 +205,12 @@ class Tokenizer:
         eos = special_id("eos_token")
         eos_ids = model_cfg.get("eos_token_id")
         eos_ids = eos_ids if isinstance(eos_ids, list) else [x for x in (eos, eos_ids) if x is not None]
+        # generation_config.json's too: where transformers' generate stops (Phi-3.5-mini's <|end|> is only there)
+        generation = os.path.join(path, "generation_config.json")
+        if os.path.exists(generation):
+            with open(generation) as f:
+                more = json.load(f).get("eos_token_id")
+            eos_ids = eos_ids + (more if isinstance(more, list) else [more] if more is not None else [])
         probe = backend.encode("a", add_special_tokens=True).ids
         add_bos = cfg.get("add_bos_token", bool(probe) and probe[0] == bos and bos is not None)
         template = cfg.get("chat_template")

@@ -274,4 +274,5 @@ GEMMA3_CHAT_TEMPLATE = """{{ bos_token }}
 {%- endif -%}
 """
 DEFAULT_CHAT_TEMPLATES = {"gemma3": GEMMA3_CHAT_TEMPLATE}
-END_OF_TURN_TOKENS = {"gemma3": "<end_of_turn>"}  # ends a reply as EOS does (llama.cpp stops there too)
+# The token that ends a reply as EOS does (llama.cpp stops there too), where a GGUF does not name it.
+END_OF_TURN_TOKENS = {"gemma3": "<end_of_turn>", "phi3": "<|end|>"}
