@@ -10,7 +10,8 @@ in speclm/models/gguf_names.py):
   fused again when saving), LongRoPE (short and long per-frequency factors, an attention factor) and partial
   rotary (Phi-4-mini turns the first 3/4 of each head).
 
-The decoder layer that runs them is speclm/models/variants.py; config.py and the loaders call in here.
+The decoder layer that runs qwen3 and gemma3 is speclm/models/variants.py (phi3 runs the llama block, its
+C++ decoder included); config.py, the loaders and the savers call in here.
 """
 
 from __future__ import annotations
