@@ -134,20 +134,27 @@ class LLM:
         return self._stream(self._request(self.encode(prompt), params), prompt if isinstance(prompt, str) else None)
 
     def chat(
-        self, messages: list[dict], params: SamplingParams | None = None, response_format: dict | None = None
+        self,
+        messages: list[dict],
+        params: SamplingParams | None = None,
+        response_format: dict | None = None,
+        chat_template_kwargs: dict | None = None,
     ) -> RequestOutput:
         """Answer a conversation ([{'role': 'user', 'content': ...}, ...]) with the chat template;
         `response_format` as OpenAI's ({"type": "json_object"} or {"type": "json_schema", "json_schema":
-        {"name": ..., "schema": {...}}}) constrains the answer (ConstraintError when invalid)."""
+        {"name": ..., "schema": {...}}}) constrains the answer (ConstraintError when invalid);
+        `chat_template_kwargs` are the template's own variables ({"enable_thinking": False} for Qwen3)."""
         if response_format is not None:
             params = dataclasses.replace(
                 params or SamplingParams(), constraint=constraint_from_response_format(response_format)
             )
-        request = self._request(self.tokenizer.encode_chat(messages), params)
+        request = self._request(self.tokenizer.encode_chat(messages, chat_template_kwargs), params)
         return self.engine.generate([request])[0][0]
 
-    def stream_chat(self, messages: list[dict], params: SamplingParams | None = None) -> Iterator[StreamChunk]:
-        return self._stream(self._request(self.tokenizer.encode_chat(messages), params), None)
+    def stream_chat(
+        self, messages: list[dict], params: SamplingParams | None = None, chat_template_kwargs: dict | None = None
+    ) -> Iterator[StreamChunk]:
+        return self._stream(self._request(self.tokenizer.encode_chat(messages, chat_template_kwargs), params), None)
 
     def _stream(self, request: Request, prompt: str | None) -> Iterator[StreamChunk]:
         self.engine.add_request(request, 1, prompt)

@@ -26,7 +26,24 @@ _QWEN2_SPLIT = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 # (llama-bpe first: the name llama.cpp's converter writes for Llama 3, which GGUF export picks.)
-_SPLIT_BY_PRE = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
+# o200k's (GPT-4o's, Phi-4-mini's): words keep their leading capitals, contractions attach, "/" ends punctuation.
+_GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SPLIT_BY_PRE = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "gpt-4o": _GPT4O_SPLIT}
+BYTE_LEVEL_PRES = ("gpt2", "smollm", *_SPLIT_BY_PRE)  # GGUF's tokenizer.ggml.pre names speclm rebuilds
+
+
+RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt")  # (set by the renderer itself)
+
+
+def check_template_kwargs(template_kwargs: dict | None) -> None:
+    """A chat template's variables: string names, none of those the renderer sets (ValueError naming it)."""
+    for key in template_kwargs or {}:
+        if not isinstance(key, str) or key in RESERVED_TEMPLATE_KWARGS:
+            raise ValueError(f"chat_template_kwargs may not set {key!r} (the request's own fields do)")
 
 
 class Tokenizer:
@@ -71,12 +88,19 @@ class Tokenizer:
 
     # -- chat ---------------------------------------------------------------------------
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        template_kwargs: dict | None = None,
     ) -> str:
         """Render a conversation with the model's Jinja chat template (as transformers does); `tools`
-        (OpenAI tool objects) go to templates that take them (see speclm.structured.tools)."""
+        (OpenAI tool objects) go to templates that take them (see speclm.structured.tools);
+        `template_kwargs` are the template's own variables (Qwen3's enable_thinking: what transformers'
+        apply_chat_template takes as keyword arguments, vLLM and llama-server as chat_template_kwargs)."""
         if not self.chat_template:
             raise ValueError("this model has no chat template; use a plain prompt instead of chat mode")
+        check_template_kwargs(template_kwargs)
         from jinja2.exceptions import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -96,12 +120,15 @@ class Tokenizer:
             "eos_token": self._token_text(self.eos_token_ids[0] if self.eos_token_ids else None),
         }
         return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, tools=tools, **special
+            **(special | (template_kwargs or {})),
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
         )
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def encode_chat(self, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
         """Token ids of a rendered conversation, ready for the assistant's reply."""
-        return self.encode(self.apply_chat_template(messages), add_bos=False)
+        return self.encode(self.apply_chat_template(messages, template_kwargs=template_kwargs), add_bos=False)
 
     def _token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else (self.backend.id_to_token(token_id) or "")
@@ -123,9 +150,12 @@ class Tokenizer:
         eot = field_value(reader, "tokenizer.ggml.eot_token_id")
         if kind == "gpt2":
             merges = field_value(reader, "tokenizer.ggml.merges") or []
-            backend = byte_level_bpe(
-                tokens, [tuple(m.split(" ", 1)) for m in merges], field_value(reader, "tokenizer.ggml.pre")
-            )
+            try:
+                backend = byte_level_bpe(
+                    tokens, [tuple(m.split(" ", 1)) for m in merges], field_value(reader, "tokenizer.ggml.pre")
+                )
+            except ValueError as e:
+                raise ModelLoadError(f"{path}: {e}") from e
             default_add_bos = False
         elif kind == "llama":
             scores = field_value(reader, "tokenizer.ggml.scores")
@@ -175,6 +205,12 @@ class Tokenizer:
         eos = special_id("eos_token")
         eos_ids = model_cfg.get("eos_token_id")
         eos_ids = eos_ids if isinstance(eos_ids, list) else [x for x in (eos, eos_ids) if x is not None]
+        # generation_config.json's too: where transformers' generate stops (Phi-3.5-mini's <|end|> is only there)
+        generation = os.path.join(path, "generation_config.json")
+        if os.path.exists(generation):
+            with open(generation) as f:
+                more = json.load(f).get("eos_token_id")
+            eos_ids = eos_ids + (more if isinstance(more, list) else [more] if more is not None else [])
         probe = backend.encode("a", add_special_tokens=True).ids
         add_bos = cfg.get("add_bos_token", bool(probe) and probe[0] == bos and bos is not None)
         template = cfg.get("chat_template")
@@ -228,8 +264,10 @@ def byte_level_bpe(tokens: list[str], merges: list[tuple[str, str]], pre: str | 
         backend.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
         )
-    else:
+    elif pre in (None, "gpt2"):
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:  # (GPT-2's split instead would encode the model's text into pieces it was not trained on)
+        raise ValueError(f"unsupported GGUF pre-tokenizer {pre!r} (supported: {', '.join(BYTE_LEVEL_PRES)})")
     backend.decoder = decoders.ByteLevel()
     return backend
 

@@ -77,8 +77,8 @@ def bad_files(tmp_path_factory):
         ("garbage", ["garbage.gguf", "truncated or corrupt"]),
         ("empty_gguf", ["empty.gguf", "not a GGUF file"]),
         ("short_bin", ["short.bin", "too short to be a llama2.c checkpoint"]),
-        ("gpt2_gguf", ["unsupported GGUF architecture 'gpt2'", "llama, qwen2"]),
-        ("gpt2_hf", ["unsupported architecture", "GPT2LMHeadModel"]),
+        ("gpt2_gguf", ["unsupported GGUF architecture 'gpt2'", "llama, qwen2, qwen3, gemma3, phi3"]),
+        ("gpt2_hf", ["unsupported architecture", "GPT2LMHeadModel", "Phi3ForCausalLM"]),
     ],
 )
 def test_bad_model_files(case, fragments, bad_files, capsys):

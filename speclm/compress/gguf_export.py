@@ -17,13 +17,15 @@ _BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")
 
 
 def export_gguf(checkpoint: Checkpoint, tokenizer, path: str, tensor_type: str = "F32") -> list[str]:
-    """Write `checkpoint` to `path` as GGUF (architecture llama or qwen2; mistral is written as llama).
+    """Write `checkpoint` to `path` as GGUF (architecture llama, qwen2, qwen3, gemma3 or phi3; mistral is
+    written as llama).
 
     tokenizer: a speclm Tokenizer with a byte-level BPE backend, or None to write weights only.
     tensor_type: "F32", "F16" or "Q8_0" for the 2-D weight matrices; norms and biases stay F32 as
     in llama.cpp. Q8_0 needs rows that are a multiple of 32 long; other matrices are written F16, as
     llama.cpp's converter does, and their GGUF names are returned. Llama Q/K rows are permuted to
-    llama.cpp's interleaved RoPE layout; qwen2's are written as they are (llama.cpp uses NEOX rope there).
+    llama.cpp's interleaved RoPE layout; the other families' are written as they are (llama.cpp uses NEOX
+    rope there). phi3's q/k/v and gate/up are written fused (attn_qkv, ffn_up), as llama.cpp's converter does.
     """
     import gguf
 
@@ -34,7 +36,7 @@ def export_gguf(checkpoint: Checkpoint, tokenizer, path: str, tensor_type: str =
     config = checkpoint.config
     if config.attention_output_bias:
         raise ValueError("GGUF export of attention output biases is not supported")
-    arch = config.architecture if config.architecture in ("qwen2", "qwen3", "gemma3") else "llama"
+    arch = config.architecture if config.architecture in ("qwen2", *families.FAMILY_ARCHITECTURES) else "llama"
     writer = gguf.GGUFWriter(path, arch)
     writer.add_name(str(checkpoint.metadata.get("name", "speclm export")))
     writer.add_context_length(config.max_position_embeddings)
@@ -45,7 +47,7 @@ def export_gguf(checkpoint: Checkpoint, tokenizer, path: str, tensor_type: str =
     writer.add_head_count_kv(config.num_kv_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_freq_base(config.rope_theta)
-    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_rope_dimension_count(config.rotary_dim)
     if config.head_dim * config.num_heads != config.hidden_size:
         writer.add_key_length(config.head_dim)
         writer.add_value_length(config.head_dim)
@@ -60,6 +62,8 @@ def export_gguf(checkpoint: Checkpoint, tokenizer, path: str, tensor_type: str =
     _add_rope_scaling(writer, checkpoint)
     if arch == "gemma3":
         _add_gemma3(writer, config)
+    if arch == "phi3":
+        writer.add_sliding_window(0)  # (llama.cpp runs phi3 without a window whatever this says)
     if config.bos_token_id is not None:
         writer.add_bos_token_id(config.bos_token_id)
     if config.eos_token_ids:
@@ -68,7 +72,10 @@ def export_gguf(checkpoint: Checkpoint, tokenizer, path: str, tensor_type: str =
         _add_tokenizer(writer, tokenizer)
 
     as_f16: list[str] = []
-    for name, tensor in checkpoint.tensors.items():
+    tensors = checkpoint.tensors
+    if families.fused_parts(config):  # (phi3: q/k/v and gate/up as one tensor each)
+        tensors = families.fuse_tensors(config, {name: tensors[name] for name in tensors})
+    for name, tensor in tensors.items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue  # llama.cpp omits output.weight when it is the embedding
         w = tensor.detach().float()
@@ -116,7 +123,8 @@ def _add_gemma3(writer, config) -> None:
 
 
 def _add_rope_scaling(writer, checkpoint: Checkpoint) -> None:
-    """linear/yarn go in metadata; llama3 becomes llama.cpp's rope_freqs tensor of frequency divisors."""
+    """linear/yarn go in metadata; llama3 becomes llama.cpp's rope_freqs tensor of frequency divisors; LongRoPE
+    its rope_factors_long/short tensors with the original context and the attention factor in metadata."""
     import gguf
 
     scaling = checkpoint.config.rope_scaling or {}
@@ -129,11 +137,17 @@ def _add_rope_scaling(writer, checkpoint: Checkpoint) -> None:
         if "original_max_position_embeddings" in scaling:
             writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
         return
+    if kind == "longrope":  # phi3, as llama.cpp's converter writes it
+        writer.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
+        writer.add_rope_scaling_attn_factors(float(scaling["attention_factor"]))
+        writer.add_tensor("rope_factors_long.weight", np.array(scaling["long_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.array(scaling["short_factor"], dtype=np.float32))
+        return
     if kind in ("llama3", "freq_factors"):
         from speclm.models.rope import rope_inverse_frequencies, unscaled_inverse_frequencies
 
-        scaled, _ = rope_inverse_frequencies(checkpoint.config)  # [head_dim/2]
-        factors = unscaled_inverse_frequencies(checkpoint.config) / scaled.double()  # [head_dim/2]
+        scaled, _ = rope_inverse_frequencies(checkpoint.config)  # [rotary_dim/2]
+        factors = unscaled_inverse_frequencies(checkpoint.config) / scaled.double()  # [rotary_dim/2]
         writer.add_tensor("rope_freqs.weight", factors.float().numpy())
         return
     raise ValueError(f"GGUF export of rope_scaling type {kind!r} is not supported")

@@ -42,7 +42,8 @@ def split_fused(model: LlamaModel, fused: str, tensor: torch.Tensor) -> dict[str
 
 
 def model_to_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
-    """The inverse of build_model: HF-named fp32 tensors (q/k/v and gate/up unfused)."""
+    """The inverse of build_model: HF-named fp32 tensors (q/k/v and gate/up unfused), the families' extra
+    norms included (gemma3's q norm without the attention scale the builder folds into it)."""
     c = model.config
     out = {
         "model.embed_tokens.weight": model.embed_tokens.weight,
@@ -61,6 +62,11 @@ def model_to_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
             if module.bias is not None:
                 for name, part in split_fused(model, fused, module.bias).items():
                     out[p + name + ".bias"] = part
+        for norm, name in layer.extra_norms() if hasattr(layer, "extra_norms") else ():  # (variants.py)
+            weight = norm.weight
+            if name == "self_attn.q_norm" and c.attention_scale is not None:
+                weight = weight / (c.attention_scale * c.head_dim**0.5)
+            out[p + name + ".weight"] = weight
     return {k: v.detach().float().contiguous().clone() for k, v in out.items()}
 
 

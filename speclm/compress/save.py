@@ -7,6 +7,7 @@ import os
 
 import torch
 
+import speclm.models.families as families
 from speclm.models.config import ModelConfig
 from speclm.tokenizer import Tokenizer
 
@@ -49,9 +50,11 @@ def save_checkpoint(
         hf["quantization_config"] = quantization_config
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(hf, f, indent=2)
-    tensors = {k: v.detach().contiguous().clone() for k, v in tensors.items()}  # no shared storage (tied weights)
     if config.tie_word_embeddings:
-        tensors.pop("lm_head.weight", None)
+        tensors = {k: v for k, v in tensors.items() if k != "lm_head.weight"}
+    # as transformers reads them (phi3's fused tensors, gemma's norms)
+    tensors = families.to_hf_tensors(config, tensors, fuse=not quantization_config)
+    tensors = {k: v.detach().contiguous().clone() for k, v in tensors.items()}  # no shared storage (tied weights)
     header = {"format": "pt", "speclm": json.dumps(metadata or {})}
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata=header)
     tokenizer.backend.save(os.path.join(out_dir, "tokenizer.json"))

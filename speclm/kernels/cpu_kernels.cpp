@@ -297,15 +297,17 @@ at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& keys, const at::Te
 // qkv [n, (heads + 2 kv_heads) * head_dim] (bf16 or fp32, the QKV projection's output) -> q
 // [heads, n, head_dim] fp32, rotated; the rotated keys and the values are written to k_cache /
 // v_cache [kv_heads, num_slots, head_dim] (fp32) at slots[i] for row i. Rotation as apply_rope in
-// layers.py: x * cos + roll(x, head_dim / 2) * signed_sin, with cos/signed_sin [n, head_dim] fp32.
+// rope.py: x * cos + roll(x, rotary / 2) * signed_sin over each head's first `rotary` dims, with cos/signed_sin
+// [n, rotary] fp32 (rotary = head_dim, or fewer where the model turns part of each head); the rest pass.
 at::Tensor rope_qkv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin, int64_t heads,
                     int64_t kv_heads, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots) {
   TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1, "rope_qkv: qkv [n, width], rows contiguous");
   TORCH_CHECK(qkv.scalar_type() == at::kFloat || qkv.scalar_type() == at::kBFloat16, "rope_qkv: fp32 or bf16 qkv");
-  const int64_t n = qkv.size(0), head_dim = k_cache.size(2), half = head_dim / 2;
+  const int64_t n = qkv.size(0), head_dim = k_cache.size(2), rotary = cos.size(1), half = rotary / 2;
   TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * head_dim && head_dim % 2 == 0, "rope_qkv: widths");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && signed_sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
-              signed_sin.is_contiguous() && cos.size(0) == n && cos.size(1) == head_dim, "rope_qkv: cos/sin [n, head_dim] fp32");
+              signed_sin.is_contiguous() && cos.size(0) == n && signed_sin.size(1) == rotary && rotary <= head_dim &&
+              rotary % 2 == 0, "rope_qkv: cos/sin [n, rotary <= head_dim] fp32");
   TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat && k_cache.stride(2) == 1 &&
               v_cache.stride(2) == 1 && k_cache.size(0) == kv_heads, "rope_qkv: fp32 caches [kv_heads, slots, head_dim]");
   auto slots_c = slots.to(at::kLong).contiguous();
@@ -322,8 +324,8 @@ at::Tensor rope_qkv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tens
   const bool bf16 = qkv.scalar_type() == at::kBFloat16;
   std::vector<float> x(head_dim);
   for (int64_t i = 0; i < n; ++i) {
-    const float* c = cp + i * head_dim;
-    const float* sn = sp + i * head_dim;
+    const float* c = cp + i * rotary;
+    const float* sn = sp + i * rotary;
     for (int64_t h = 0; h < heads + 2 * kv_heads; ++h) {
       const int64_t offset = i * qkv.stride(0) + h * head_dim;
       if (bf16) {
@@ -340,12 +342,13 @@ at::Tensor rope_qkv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tens
         for (int64_t d = 0; d < head_dim; ++d) dst[d] = x[d];
         continue;
       }
-      for (int64_t d = 0; d < head_dim; ++d) {
+      for (int64_t d = 0; d < rotary; ++d) {
         const float rolled = x[d < half ? d + half : d - half];
         const float a = x[d] * c[d];
         const float b = rolled * sn[d];
         dst[d] = a + b;
       }
+      for (int64_t d = rotary; d < head_dim; ++d) dst[d] = x[d];
     }
   }
   return q;

@@ -30,7 +30,7 @@ void GGUFDecoder::add_layer(const at::Tensor& input_norm, const at::Tensor& post
   layers_.push_back(Layer{input_norm.contiguous(), post_norm.contiguous(), p[0], p[1], p[2], p[3]});
 }
 
-// x [n, hidden] fp32: the new rows (cos/signed_sin [n, head_dim] fp32 at their positions); keys/values
+// x [n, hidden] fp32: the new rows (cos/signed_sin [n, rotary_dim] fp32 at their positions); keys/values
 // [layers, kv_heads, slots, head_dim] fp32: a contiguous cache or a paged pool. Row i's key and value go
 // to slot write_slots[i]; it then attends as attend_rows says (lengths, table, table_rows: a DecodeRows).
 // Returns the hidden states after `num_layers` layers (before the final norm).

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import speclm.models.families as families
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", *families.VARIANT_ARCHITECTURES)
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", *families.FAMILY_ARCHITECTURES)
 
 
 @dataclass
@@ -21,6 +21,7 @@ class ModelConfig:
     num_heads: int
     num_kv_heads: int
     head_dim: int = 0  # 0 means hidden_size // num_heads
+    rotary_dim: int = 0  # the leading dims of each head that rotary turns (partial rotary, phi3); 0 means head_dim
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None
@@ -59,6 +60,10 @@ class ModelConfig:
             )
         if self.head_dim == 0:
             self.head_dim = self.hidden_size // self.num_heads
+        if self.rotary_dim == 0:
+            self.rotary_dim = self.head_dim
+        if self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
+            raise ValueError(f"rotary_dim={self.rotary_dim} must be even and at most head_dim={self.head_dim}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
 
@@ -92,7 +97,8 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> ModelConfig:
-        """Read a Hugging Face config.json (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)."""
+        """Read a Hugging Face config.json (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and the
+        families of families.py)."""
         archs = d.get("architectures") or []
         by_class = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
         by_class |= families.HF_CLASSES

@@ -6,18 +6,24 @@ in speclm/models/gguf_names.py):
   Face file; llama.cpp's converter already stores 1 + weight), a norm after attention and around the MLP
   (4 per layer), GeGLU (tanh GELU), the embedding scaled by sqrt(hidden), the attention scale from
   query_pre_attn_scalar, and local (sliding window, their own rope base) layers between global ones.
+- phi3 (Phi-3.5-mini, Phi-4-mini): the llama block with q/k/v and gate/up stored fused (split when loading,
+  fused again when saving), LongRoPE (short and long per-frequency factors, an attention factor) and partial
+  rotary (Phi-4-mini turns the first 3/4 of each head).
 
-The decoder layer that runs them is speclm/models/variants.py; config.py and the loaders call in here.
+The decoder layer that runs qwen3 and gemma3 is speclm/models/variants.py (phi3 runs the llama block, its
+C++ decoder included); config.py, the loaders and the savers call in here.
 """
 
 from __future__ import annotations
 
 import math
 
+import torch
+
 # Hugging Face class / model_type -> our architecture name, beyond llama, mistral and qwen2.
-HF_CLASSES = {"Qwen3ForCausalLM": "qwen3", "Gemma3ForCausalLM": "gemma3"}
-HF_MODEL_TYPES = {"qwen3": "qwen3", "gemma3_text": "gemma3"}
-VARIANT_ARCHITECTURES = ("qwen3", "gemma3")
+HF_CLASSES = {"Qwen3ForCausalLM": "qwen3", "Gemma3ForCausalLM": "gemma3", "Phi3ForCausalLM": "phi3"}
+HF_MODEL_TYPES = {"qwen3": "qwen3", "gemma3_text": "gemma3", "phi3": "phi3"}
+FAMILY_ARCHITECTURES = ("qwen3", "gemma3", "phi3")
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 GEMMA3_SLIDING_PATTERN = 6  # llama.cpp (and transformers' default): every 6th layer is global
@@ -29,9 +35,11 @@ def gemma3_layer_types(num_layers: int, pattern: int = GEMMA3_SLIDING_PATTERN) -
 
 
 def hf_extras(arch: str, d: dict) -> dict:
-    """ModelConfig fields a qwen3 / gemma3 config.json sets beyond the llama ones."""
+    """ModelConfig fields a qwen3 / gemma3 / phi3 config.json sets beyond the llama ones."""
     if arch == "qwen3":
         return {"qk_norm": True, "attention_bias": bool(d.get("attention_bias", False))}
+    if arch == "phi3":
+        return _phi3_hf_extras(d)
     if arch != "gemma3":
         return {}
     num_layers = d["num_hidden_layers"]
@@ -60,15 +68,24 @@ def hf_extras(arch: str, d: dict) -> dict:
 
 
 def hf_dict_extras(config) -> dict:
-    """The config.json keys of a qwen3 / gemma3 ModelConfig beyond the llama ones (to_hf_dict)."""
+    """The config.json keys of a qwen3 / gemma3 / phi3 ModelConfig beyond the llama ones (to_hf_dict)."""
     if config.architecture == "qwen3":
         return {"attention_bias": config.attention_bias}
+    if config.architecture == "phi3":
+        scaling = config.rope_scaling
+        # (pad_token_id: Phi3Config's default is Phi-3's, outside another vocabulary; speclm does not pad)
+        out = {"partial_rotary_factor": config.rotary_dim / config.head_dim, "pad_token_id": None}
+        if scaling and scaling.get("rope_type") == "longrope":
+            out["original_max_position_embeddings"] = scaling["original_max_position_embeddings"]
+            keep = ("short_factor", "long_factor", "attention_factor")
+            out["rope_scaling"] = {"rope_type": "longrope"} | {k: scaling[k] for k in keep}
+        return out
     if config.architecture != "gemma3":
         return {}
     return {
         "model_type": "gemma3_text",
         "hidden_activation": config.hidden_act,
-        "query_pre_attn_scalar": config.attention_scale**-2,
+        "query_pre_attn_scalar": _whole(config.attention_scale**-2),  # (transformers takes an int)
         "sliding_window": config.sliding_window,
         "layer_types": config.layer_types,
         "rope_parameters": {
@@ -77,6 +94,111 @@ def hf_dict_extras(config) -> dict:
         },
         "final_logit_softcapping": config.final_logit_softcapping,
     }
+
+
+def _whole(x: float) -> int | float:
+    return round(x) if abs(x - round(x)) < 1e-6 else x
+
+
+# -- phi3 ----------------------------------------------------------------------------------------
+
+
+def _phi3_hf_extras(d: dict) -> dict:
+    rope = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
+    head_dim = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
+    partial = d.get("partial_rotary_factor") or rope.get("partial_rotary_factor") or 1.0
+    scaling = d.get("rope_scaling") or rope
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    out = {"rotary_dim": int(head_dim * partial), "rope_scaling": None}
+    if kind in ("su", "longrope"):  # ("su": LongRoPE's first name)
+        max_positions = d.get("max_position_embeddings", 4096)
+        original = d.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
+        original = original or max_positions
+        attention = scaling.get("attention_factor")
+        if attention is None:  # transformers' and llama.cpp's default, from the context's growth
+            factor = scaling.get("factor") or max_positions / original
+            attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        out["rope_scaling"] = longrope(scaling["short_factor"], scaling["long_factor"], original, attention)
+    elif kind not in ("default", None):
+        raise ValueError(f"unsupported phi3 rope_scaling type {kind!r} (supported: longrope)")
+    return out
+
+
+def longrope(short_factor, long_factor, original: int, attention_factor: float) -> dict:
+    """LongRoPE's rope_scaling: per-frequency divisors for a context up to `original` positions (short) and
+    past it (long), and the factor cos and sin are multiplied by (speclm/models/rope.py)."""
+    return {
+        "rope_type": "longrope",
+        "short_factor": [float(x) for x in short_factor],
+        "long_factor": [float(x) for x in long_factor],
+        "original_max_position_embeddings": int(original),
+        "attention_factor": float(attention_factor),
+    }
+
+
+def fused_parts(config) -> dict[str, list[tuple[str, int]]]:
+    """Per layer, the tensors a family's files store fused (phi3: qkv_proj, gate_up_proj): the fused name's
+    suffix -> (the suffix of each part in speclm's Checkpoint, its rows), in row order."""
+    if config.architecture != "phi3":
+        return {}
+    q, kv, ff = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim, config.intermediate_size
+    qkv = [("self_attn.q_proj.weight", q), ("self_attn.k_proj.weight", kv), ("self_attn.v_proj.weight", kv)]
+    gate_up = [("mlp.gate_proj.weight", ff), ("mlp.up_proj.weight", ff)]
+    return {"self_attn.qkv_proj.weight": qkv, "mlp.gate_up_proj.weight": gate_up}
+
+
+def unfuse_tensors(config, tensors: dict) -> dict:
+    """A file's tensors under speclm's Checkpoint names: fused tensors split into their parts (views)."""
+    fused = fused_parts(config)
+    if not fused:
+        return tensors
+    out = {}
+    for name, tensor in tensors.items():
+        prefix, _, suffix = name.rpartition("layers.")
+        index, _, rest = suffix.partition(".")
+        if not prefix or rest not in fused:
+            out[name] = tensor
+            continue
+        parts = fused[rest]
+        for (part, _), piece in zip(parts, tensor.split([rows for _, rows in parts])):
+            out[f"{prefix}layers.{index}.{part}"] = piece
+    return out
+
+
+def fuse_tensors(config, tensors: dict) -> dict:
+    """The inverse of unfuse_tensors: the parts of each fused tensor concatenated under its file name."""
+    fused = fused_parts(config)
+    if not fused:
+        return dict(tensors)
+    out = dict(tensors)
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        for name, parts in fused.items():
+            if all(p + part in out for part, _ in parts):
+                out[p + name] = torch.cat([out.pop(p + part) for part, _ in parts])
+    return out
+
+
+# -- the tensors of a Hugging Face file ------------------------------------------------------------
+
+
+def from_hf_tensors(config, tensors: dict) -> dict:
+    """A Hugging Face file's tensors as speclm's Checkpoint holds them: fused ones split (phi3), gemma's
+    norms stored as 1 + weight (as llama.cpp's GGUFs are). Clears config.norms_add_one."""
+    tensors = unfuse_tensors(config, tensors)
+    if config.norms_add_one:
+        tensors = {k: v + 1.0 if k.endswith("norm.weight") else v for k, v in tensors.items()}
+        config.norms_add_one = False
+    return tensors
+
+
+def to_hf_tensors(config, tensors: dict, fuse: bool = True) -> dict:
+    """The inverse of from_hf_tensors, for saving: what transformers reads for this architecture. `fuse`
+    False keeps the parts apart (a quantized checkpoint's, whose scales are per part: speclm reads both)."""
+    tensors = fuse_tensors(config, tensors) if fuse else dict(tensors)
+    if config.architecture == "gemma3":  # (1 + weight) norms: the file holds the weight
+        tensors = {k: v - 1.0 if k.endswith("norm.weight") else v for k, v in tensors.items()}
+    return tensors
 
 
 # -- GGUF ----------------------------------------------------------------------------------------
@@ -153,4 +275,5 @@ GEMMA3_CHAT_TEMPLATE = """{{ bos_token }}
 {%- endif -%}
 """
 DEFAULT_CHAT_TEMPLATES = {"gemma3": GEMMA3_CHAT_TEMPLATE}
-END_OF_TURN_TOKENS = {"gemma3": "<end_of_turn>"}  # ends a reply as EOS does (llama.cpp stops there too)
+# The token that ends a reply as EOS does (llama.cpp stops there too), where a GGUF does not name it.
+END_OF_TURN_TOKENS = {"gemma3": "<end_of_turn>", "phi3": "<|end|>"}

@@ -27,7 +27,8 @@ GLOBAL_NAMES = {
 
 # Per architecture, the layer suffixes where a family differs from llama's table (added or overriding):
 # qwen3's q/k norms; gemma3's q/k norms and its four norms per layer (ffn_norm is the norm before the
-# MLP there, post_attention_norm the one after attention). See speclm/models/families.py.
+# MLP there, post_attention_norm the one after attention); phi3's fused q/k/v and gate/up (llama.cpp's
+# ffn_up holds gate then up there; the loader splits both, families.fused_parts). See speclm/models/families.py.
 FAMILY_LAYER_NAMES = {
     "qwen3": {
         "attn_q_norm.weight": "self_attn.q_norm.weight",
@@ -39,6 +40,10 @@ FAMILY_LAYER_NAMES = {
         "post_attention_norm.weight": "post_attention_layernorm.weight",
         "ffn_norm.weight": "pre_feedforward_layernorm.weight",
         "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+    },
+    "phi3": {
+        "attn_qkv.weight": "self_attn.qkv_proj.weight",
+        "ffn_up.weight": "mlp.gate_up_proj.weight",
     },
 }
 

@@ -8,6 +8,7 @@ import os
 
 import torch
 
+import speclm.models.families as families
 from speclm.models.checkpoint import Checkpoint, ModelLoadError
 from speclm.models.config import ModelConfig
 
@@ -44,9 +45,7 @@ def load_hf_dir(path: str) -> Checkpoint:
 
         tensors = dequantize_tensors(tensors, qconfig, path)
     tensors = {k: v.float() for k, v in tensors.items()}
-    if config.norms_add_one:  # gemma's norms multiply by 1 + weight: stored so (as llama.cpp's GGUFs are)
-        tensors = {k: v + 1.0 if k.endswith("norm.weight") else v for k, v in tensors.items()}
-        config.norms_add_one = False
+    tensors = families.from_hf_tensors(config, tensors)  # (phi3's fused tensors split, gemma's norms 1 + weight)
     if config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
     elif "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:

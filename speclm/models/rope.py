@@ -1,5 +1,6 @@
-"""Rotary position embeddings: inverse frequencies with rope_scaling (linear, llama3, yarn, GGUF freq
-factors), the cos/sin tables, and the rotation."""
+"""Rotary position embeddings: inverse frequencies with rope_scaling (linear, llama3, yarn, LongRoPE, GGUF
+freq factors), the cos/sin tables, and the rotation of each head's first rotary_dim dims (all of them but
+where a config says partial rotary)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,16 @@ from speclm.models.config import ModelConfig
 
 
 def unscaled_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
-    """theta^(-2i/head_dim) for i < head_dim/2, float64, before any rope_scaling."""
-    dim = config.head_dim
+    """theta^(-2i/rotary_dim) for i < rotary_dim/2, float64, before any rope_scaling."""
+    dim = config.rotary_dim
     # Computed on the CPU even inside a meta-device context (the model's skeleton): arithmetic on meta
     # tensors imports torch's symbolic-shape machinery, tens of MB, for tables rebuilt after loading.
     return 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim))
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies [head_dim/2] and the attention scaling factor, honouring rope_scaling."""
-    dim = config.head_dim
+    """Inverse frequencies [rotary_dim/2] and the attention scaling factor, honouring rope_scaling."""
+    dim = config.rotary_dim
     inv_freq = unscaled_inverse_frequencies(config)
     scaling = config.rope_scaling or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
@@ -33,6 +34,15 @@ def rope_inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
         if factors.shape != inv_freq.shape:
             raise ValueError(f"rope freq_factors has {factors.numel()} values, expected {inv_freq.numel()}")
         return (inv_freq / factors).float(), 1.0
+    if kind == "longrope":
+        # LongRoPE (phi3): the long factors where the context runs past the original one. The context decides,
+        # as in llama.cpp, so a sequence's keys and queries turn alike; transformers decides by the sequence's
+        # length and recomputes its cache when it crosses (the same numbers from there on).
+        long = config.max_position_embeddings > scaling["original_max_position_embeddings"]
+        factors = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float64, device="cpu")
+        if factors.shape != inv_freq.shape:
+            raise ValueError(f"longrope has {factors.numel()} factors, expected {inv_freq.numel()} (rotary_dim / 2)")
+        return (inv_freq / factors).float(), float(scaling["attention_factor"])
     if kind == "linear":
         return (inv_freq / scaling["factor"]).float(), 1.0
     if kind == "llama3":
@@ -63,7 +73,9 @@ def rope_inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
         inv = (inv_freq / factor) * (1 - extrapolation_weight) + inv_freq * extrapolation_weight
         attention_factor = scaling.get("attention_factor") or (0.1 * math.log(factor) + 1.0)
         return inv.float(), attention_factor
-    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3, yarn, freq_factors)")
+    raise ValueError(
+        f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3, yarn, longrope, freq_factors)"
+    )
 
 
 INITIAL_POSITIONS = 4096  # the tables' first size; they double when a position past them is asked for
@@ -86,14 +98,14 @@ class RotaryEmbedding(nn.Module):
 
     def _grow(self, length: int) -> None:
         t = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)
-        freqs = torch.outer(t, self.inv_freq)  # [length, head_dim/2]
-        emb = torch.cat([freqs, freqs], dim=-1)  # [length, head_dim]
+        freqs = torch.outer(t, self.inv_freq)  # [length, rotary_dim/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [length, rotary_dim]
         self.cos_table = emb.cos() * self.attention_scaling
         sin, half = emb.sin() * self.attention_scaling, emb.shape[-1] // 2
         self.signed_sin_table = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # see apply_rope
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin (see apply_rope) for each position: [num_tokens, head_dim] each."""
+        """cos and signed sin (see apply_rope) for each position: [num_tokens, rotary_dim] each."""
         needed = int(positions.max()) + 1
         if needed > self.cos_table.shape[0]:
             self._grow(max(needed, 2 * self.cos_table.shape[0]))
@@ -103,5 +115,10 @@ class RotaryEmbedding(nn.Module):
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """Rotate x [heads, num_tokens, head_dim] by the half-split rotary convention:
     x*cos + [-x2, x1]*sin, written as x*cos + roll(x)*[-sin, sin] (the same products, bit for bit,
-    in 4 ops instead of 7: this runs twice per layer per decoded token)."""
+    in 4 ops instead of 7: this runs twice per layer per decoded token). Tables narrower than the head
+    ([num_tokens, rotary_dim]) turn its first rotary_dim dims and pass the rest (partial rotary)."""
+    rotary_dim = cos.shape[-1]
+    if rotary_dim < x.shape[-1]:
+        turned = apply_rope(x[..., :rotary_dim], cos, signed_sin)
+        return torch.cat([turned, x[..., rotary_dim:]], dim=-1)
     return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin

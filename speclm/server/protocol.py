@@ -6,13 +6,14 @@ ranges are those SamplingParams enforces; requests outside them never reach the 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, StrictStr, field_validator
 
 from speclm.sampling_params import SEED_RANGE, SamplingParams
 from speclm.server.tool_protocol import ToolChatFields
 from speclm.structured.grammar import Constraint, ConstraintError, compile_constraint, constraint_from_response_format
+from speclm.tokenizer import check_template_kwargs
 
 Number = Annotated[float, Strict()]  # an int or a float, not a string or a boolean
 
@@ -158,11 +159,20 @@ class CompletionRequest(GenerationRequest):
 
 class ChatCompletionRequest(GenerationRequest, ToolChatFields):
     """POST /v1/chat/completions: messages told apart by role (a `tool` message needs `tool_call_id` and
-    content), `tools`, `tool_choice`, `parallel_tool_calls` (server/tool_protocol.py)."""
+    content), `tools`, `tool_choice`, `parallel_tool_calls` (server/tool_protocol.py), and
+    `chat_template_kwargs` for the template."""
 
     max_completion_tokens: JsonInt | None = Field(default=None, ge=1)
     logprobs: StrictBool = False
     top_logprobs: JsonInt | None = Field(default=None, ge=0, le=20)
+    # The chat template's own variables (Qwen3's enable_thinking), as vLLM and llama-server take them.
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        check_template_kwargs(value)
+        return value
 
     def resolved_max_tokens(self, room: int) -> int:
         return self.max_completion_tokens or self.max_tokens or room  # chat: up to the context by default

@@ -88,11 +88,17 @@ class GenerationService:
             if body.uses_tools() or body.has_tool_messages():
                 choice, tools = body.resolved_tool_choice(), body.tool_dicts()
                 text = await run_in_threadpool(
-                    render_tool_prompt, self.tokenizer, dicts, tools, choice, body.parallel_tool_calls
+                    render_tool_prompt,
+                    self.tokenizer,
+                    dicts,
+                    tools,
+                    choice,
+                    body.parallel_tool_calls,
+                    body.chat_template_kwargs,
                 )
                 return await run_in_threadpool(self.tokenizer.encode, text, False)
             plain = [{"role": d["role"], "content": _text(d.get("content"))} for d in dicts]
-            return await run_in_threadpool(self.tokenizer.encode_chat, plain)
+            return await run_in_threadpool(self.tokenizer.encode_chat, plain, body.chat_template_kwargs)
         except ValueError as e:
             raise APIError(400, str(e), param="messages") from e
 

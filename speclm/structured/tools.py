@@ -123,18 +123,27 @@ def tool_constraint(
 
 # -- prompts ----------------------------------------------------------------------------------------
 def render_tool_prompt(
-    tokenizer: Tokenizer, messages: list[dict], tools: list[dict] | None, tool_choice: str | dict, parallel: bool
+    tokenizer: Tokenizer,
+    messages: list[dict],
+    tools: list[dict] | None,
+    tool_choice: str | dict,
+    parallel: bool,
+    template_kwargs: dict | None = None,
 ) -> str:
     """The prompt text of a conversation that may carry tools, tool calls and tool results.
 
     messages are OpenAI messages as dicts (assistant `tool_calls` with JSON-string arguments, `tool`
     messages with `tool_call_id`). HERMES templates get `tools` and the calls with parsed arguments;
-    other templates get the generic tool system prompt and calls/results written as JSON text."""
+    other templates get the generic tool system prompt and calls/results written as JSON text.
+    `template_kwargs`: the template's own variables (chat_template_kwargs)."""
     fmt = tool_format(tokenizer.chat_template)
     offered = offered_tools(tools or [], tool_choice)
     if fmt == HERMES:
-        return tokenizer.apply_chat_template(hermes_messages(messages), tools=offered or None)
-    return tokenizer.apply_chat_template(generic_messages(messages, offered, tool_choice, parallel))
+        return tokenizer.apply_chat_template(
+            hermes_messages(messages), tools=offered or None, template_kwargs=template_kwargs
+        )
+    generic = generic_messages(messages, offered, tool_choice, parallel)
+    return tokenizer.apply_chat_template(generic, template_kwargs=template_kwargs)
 
 
 def hermes_messages(messages: list[dict]) -> list[dict]:

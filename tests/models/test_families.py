@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -158,20 +159,60 @@ def test_gguf_greedy_with_and_without_speculation(tmp_path):
 
 
 def test_unsupported_architecture_is_one_line_before_weights(tmp_path):
-    path = str(tmp_path / "phi.gguf")
-    writer = gguf.GGUFWriter(path, "phi3")
+    path = str(tmp_path / "phi2.gguf")
+    writer = gguf.GGUFWriter(path, "phi2")
     writer.add_block_count(1)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ModelLoadError, match=r"unsupported GGUF architecture 'phi3' \(supported: .*qwen3, gemma3\)"):
+    with pytest.raises(
+        ModelLoadError, match=r"unsupported GGUF architecture 'phi2' \(supported: .*qwen3, gemma3, phi3\)"
+    ):
         load_checkpoint(path)
     (tmp_path / "hf").mkdir()
     with open(tmp_path / "hf" / "config.json", "w") as f:
-        json.dump({"architectures": ["Phi3ForCausalLM"], "model_type": "phi3"}, f)
-    with pytest.raises(ModelLoadError, match="Qwen3ForCausalLM, Gemma3ForCausalLM"):
+        json.dump({"architectures": ["PhiForCausalLM"], "model_type": "phi"}, f)
+    with pytest.raises(ModelLoadError, match="Qwen3ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM"):
         load_checkpoint(str(tmp_path / "hf"))
+
+
+def test_unsupported_tensor_type_is_one_line_before_weights(tmp_path, monkeypatch):
+    """A tensor type we do not run (Q2_K here) is named with the types we do, from the tensor table alone
+    (reading any tensor's data fails this test)."""
+    hf_model = tiny_hf_model(transformers.Qwen3Config, head_dim=32)
+    hf_model.save_pretrained(tmp_path)
+    path = str(tmp_path / "q2k.gguf")
+    export_gguf(load_checkpoint(str(tmp_path)), None, path, "F32")
+    reader = gguf.GGUFReader(path)
+    writer = gguf.GGUFWriter(str(tmp_path / "bad.gguf"), "qwen3")
+    config = load_checkpoint(path).config
+    for key, value in (("block_count", 2), ("embedding_length", 64), ("feed_forward_length", 96)):
+        getattr(writer, f"add_{key}")(value)
+    writer.add_head_count(config.num_heads)
+    writer.add_head_count_kv(config.num_kv_heads)
+    writer.add_key_length(32)
+    writer.add_value_length(32)
+    writer.add_vocab_size(config.vocab_size)
+    kind = gguf.GGMLQuantizationType.Q2_K
+    for t in reader.tensors:
+        shape = [int(x) for x in reversed(t.shape)]
+        if t.name == "blk.1.ffn_down.weight":  # 96 inputs do not fill a 256-wide Q2_K block: say 1 x 256 values
+            writer.add_tensor(t.name, np.zeros((1, 84), np.uint8), raw_dtype=kind)
+        else:
+            writer.add_tensor(t.name, np.zeros(shape, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    from speclm.models.gguf_file import GGUFFile
+
+    def no_reads(*args, **kwargs):
+        raise AssertionError("a tensor was read")
+
+    monkeypatch.setattr(GGUFFile, "read", no_reads)
+    with pytest.raises(ModelLoadError, match=r"blk.1.ffn_down.weight has GGUF type Q2_K \(supported: F32, .*Q6_K"):
+        load_checkpoint(str(tmp_path / "bad.gguf"))
 
 
 def test_llama3_rope_freqs_on_the_gguf_native_path(tmp_path):
@@ -193,3 +234,28 @@ def test_llama3_rope_freqs_on_the_gguf_native_path(tmp_path):
             assert (model.native_decoder is not None) == (tensor_type == "Q8_0")
         got = torch.cat(our_logits_through_cache(model, ids[:40], [[t] for t in ids[40:44]] + [ids[44:]]))
         assert (got - reference).abs().max() <= bound
+
+
+@pytest.mark.parametrize("case", ["gemma3", "qwen3"])
+@pytest.mark.parametrize("source", ["checkpoint", "model"])
+def test_save_then_reload_gives_equal_logits(case, source, tmp_path):
+    """speclm's save path (quantize, prune, distill and merge write through it) stores a family as transformers
+    does: gemma's norms as the weight its (1 + weight) adds 1 to, the q/k norms (gemma3's q norm without the
+    attention scale the builder folds into it). Reloaded, the logits are the original's, in speclm and in
+    transformers; from the checkpoint's tensors or from a built model's (model_to_tensors)."""
+    from speclm.compress.model_io import load_with_tokenizer, model_to_tensors, rebuild
+    from speclm.compress.save import save_checkpoint
+
+    class_name, overrides = CASES[case]
+    hf_model = tiny_hf_model(getattr(transformers, class_name), **overrides)
+    hf_model.save_pretrained(tmp_path / "src")
+    _word_tokenizer(tmp_path / "src", hf_model.config.vocab_size)
+    checkpoint, tokenizer = load_with_tokenizer(str(tmp_path / "src"))
+    tensors = dict(checkpoint.tensors) if source == "checkpoint" else model_to_tensors(rebuild(checkpoint))
+    save_checkpoint(str(tmp_path / "out"), checkpoint.config, tensors, tokenizer)
+    ids = _ids(hf_model.config.vocab_size)
+    before = torch.cat(our_logits_through_cache(load_ours(str(tmp_path / "src")), ids, []))
+    after = torch.cat(our_logits_through_cache(load_ours(str(tmp_path / "out")), ids, []))
+    assert (after - before).abs().max() <= TOL  # (1 + weight - 1 rounds in fp32)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), attn_implementation="eager")
+    assert (hf_logits(reloaded, ids) - hf_logits(hf_model, ids)).abs().max() <= TOL
