@@ -85,7 +85,17 @@ class LLM:
         if spec is not None:
             self.proposers(spec)  # builds (and so checks) the proposer now, not at the first request
         self.spec = spec
-        self.engine = Engine(self.runner, self.tokenizer, self.cache_config, spec, self.proposers, self.spec_max_batch)
+        self._engine: Engine | None = None
+
+    @property
+    def engine(self) -> Engine:
+        """The engine over this LLM's cache settings and method, built at first use: an LLM served only by
+        an engine of its own (LLM.with_engine, server.app.build_app with a cache) allocates no KV pool."""
+        if self._engine is None:
+            self._engine = Engine(
+                self.runner, self.tokenizer, self.cache_config, self.spec, self.proposers, self.spec_max_batch
+            )
+        return self._engine
 
     def with_spec(self, spec: str | SpecConfig | None, num_speculative_tokens: int = 4, adaptive: bool = True) -> LLM:
         """A new LLM sharing this one's weights, tokenizer and loaded proposers, with another speculative method."""
@@ -105,7 +115,7 @@ class LLM:
     def _sibling(self) -> LLM:
         """A copy without an engine (the caller builds one), with proposer state of its own."""
         other = object.__new__(LLM)
-        other.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("engine", "_ids")})
+        other.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_engine", "_ids")})
         other._ids = itertools.count()
         other.proposers = self.proposers.for_another_engine()
         return other

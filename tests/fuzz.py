@@ -1,12 +1,16 @@
 """Fuzzing a running speclm server with schemathesis (cases generated from its own /openapi.json, valid
 and invalid) plus hand-made hostile requests: statuses and every answer that breaks the rules (a 5xx, a
 body outside OpenAI's error envelope, a response that does not match the document). Shared by
-tests/server/test_hostile_clients.py (a bounded run) and benchmarks/fuzz/fuzz.py (the long one)."""
+tests/server/test_hostile_clients.py (a bounded run) and benchmarks/fuzz/fuzz.py (the long one), with the
+fuzz benchmarks' target server and report (benchmarks/structured_fuzz/fuzz.py's too)."""
 
 from __future__ import annotations
 
 import json
+import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import httpx
 
@@ -116,3 +120,33 @@ def fuzz_server(url: str, examples: int = 100, seed: int = 0) -> dict:
         "engine_alive": alive,
         "seconds": round(time.perf_counter() - t0, 1),
     }
+
+
+@contextmanager
+def fuzz_target(llm, cache) -> Iterator[str]:
+    """A server over `llm` with an engine of its own over `cache` (CacheConfig), on loopback; yields its URL
+    (the fuzz benchmarks' target when they start one)."""
+    from speclm.bench.serve_bench import serve_in_thread
+    from speclm.server.app import build_app
+    from speclm.server.config import ServerConfig
+
+    with serve_in_thread(build_app(llm, cache, ServerConfig(model_name="fuzz"))) as url:
+        yield url
+
+
+def write_fuzz_report(
+    script: str, argv: list[str] | None, report: dict, out: str | None, markdown: Callable[[dict], str]
+) -> dict:
+    """`report` with the command that made it and the machine: printed (less the machine) and, with `out`,
+    written to OUT.json and OUT.md (`markdown(report)`: the page)."""
+    from speclm.bench.machine import machine_info
+
+    command = f"python {script} " + " ".join(sys.argv[1:] if argv is None else argv)
+    report = {"command": command, "machine": machine_info(), **report}
+    print(json.dumps({k: v for k, v in report.items() if k != "machine"}, indent=1))
+    if out:
+        with open(f"{out}.json", "w") as f:
+            json.dump(report, f, indent=1)
+        with open(f"{out}.md", "w") as f:
+            f.write(markdown(report))
+    return report

@@ -113,3 +113,28 @@ def test_bad_prompts_raise_value_error_before_anything_runs(stories_llm):
                 call(prompt)
     assert not stories_llm.engine.has_unfinished()
     assert stories_llm.generate("Once", SamplingParams(max_tokens=3))[0].finish_reason == "length"
+
+
+def test_an_llm_builds_its_engine_at_first_use(monkeypatch):
+    """A model served by an engine of its own (with_engine; build_app with a cache) allocates one KV
+    pool, not two: the LLM's own engine is built only when the LLM itself generates."""
+    import speclm.llm as llm_module
+    from speclm import LLM
+    from speclm.config import CacheConfig
+    from tests.conftest import STORIES_MODEL, STORIES_TOKENIZER
+
+    built = []
+
+    class CountedEngine(Engine):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(llm_module, "Engine", CountedEngine)
+    llm = LLM(STORIES_MODEL, tokenizer=STORIES_TOKENIZER)
+    served = llm.with_engine(CacheConfig(num_blocks=64))
+    greedy = SamplingParams(max_tokens=8)
+    text = served.generate("Once upon a time", greedy)[0].text
+    assert len(built) == 1 and built[0].block_manager.num_blocks == 64
+    assert llm.generate("Once upon a time", greedy)[0].text == text
+    assert len(built) == 2 and llm.engine is built[1] and served.engine is built[0]

@@ -10,7 +10,6 @@ which the test suite runs briefly.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -27,37 +26,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="write OUT.json and OUT.md")
     args = p.parse_args(argv)
     sys.path.insert(0, str(REPO))  # tests.fuzz (and speclm, when it is not installed)
-    from tests.fuzz import fuzz_server
+    from tests.fuzz import fuzz_server, fuzz_target, write_fuzz_report
 
     if args.url:
         report = fuzz_server(args.url, args.examples, args.seed)
     else:
-        from speclm.bench.serve_bench import serve_in_thread
         from speclm.config import CacheConfig
         from speclm.llm import LLM
-        from speclm.server.app import build_app
-        from speclm.server.config import ServerConfig
 
         llm = LLM(args.model, weights=args.weights)
         # A 384-token pool bounds every request (fuzzed max_tokens are often huge) so the run stays short.
-        cache = CacheConfig(num_blocks=24)
-        with serve_in_thread(build_app(llm, cache, ServerConfig(model_name="fuzz"))) as url:
+        with fuzz_target(llm, CacheConfig(num_blocks=24)) as url:
             report = fuzz_server(url, args.examples, args.seed)
-    from speclm.bench.machine import machine_info
 
-    command = "python benchmarks/fuzz/fuzz.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    report = {"command": command, "machine": machine_info(), **report}
-    print(json.dumps({k: v for k, v in report.items() if k != "machine"}, indent=1))
-    if args.out:
-        with open(f"{args.out}.json", "w") as f:
-            json.dump(report, f, indent=1)
-        with open(f"{args.out}.md", "w") as f:
-            f.write(
-                f"# Server fuzzing\n\n`{report['command']}`\n\n{report['cases']} cases in {report['seconds']} s; "
-                f"statuses {report['statuses']}; engine alive after the run: {report['engine_alive']}; "
-                f"rule breaks (5xx other than 503, non-OpenAI error bodies, answers outside the OpenAPI "
-                f"document): **{len(report['failures'])}**.\n\n" + "".join(f"- {x}\n" for x in report["failures"][:50])
-            )
+    def markdown(report: dict) -> str:
+        return (
+            f"# Server fuzzing\n\n`{report['command']}`\n\n{report['cases']} cases in {report['seconds']} s; "
+            f"statuses {report['statuses']}; engine alive after the run: {report['engine_alive']}; "
+            f"rule breaks (5xx other than 503, non-OpenAI error bodies, answers outside the OpenAPI "
+            f"document): **{len(report['failures'])}**.\n\n" + "".join(f"- {x}\n" for x in report["failures"][:50])
+        )
+
+    report = write_fuzz_report("benchmarks/fuzz/fuzz.py", argv, report, args.out, markdown)
     return 0 if not report["failures"] else 1
 
 

@@ -9,7 +9,6 @@ python benchmarks/structured_fuzz/fuzz.py [--model M] [--spec S] --cases N --out
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -26,33 +25,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="write OUT.json and OUT.md")
     args = p.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from speclm.bench.machine import machine_info
-    from speclm.bench.serve_bench import serve_in_thread
     from speclm.config import CacheConfig
     from speclm.llm import LLM
-    from speclm.server.app import build_app
-    from speclm.server.config import ServerConfig
+    from tests.fuzz import fuzz_target, write_fuzz_report
     from tests.structured_fuzz import fuzz_structured
 
     llm = LLM(args.model, spec=args.spec)
     chat = llm.tokenizer.chat_template is not None
-    with serve_in_thread(build_app(llm, CacheConfig(kv_cache_mb=64), ServerConfig(model_name="fuzz"))) as url:
+    with fuzz_target(llm, CacheConfig(kv_cache_mb=64)) as url:
         report = fuzz_structured(url, args.cases, args.seed, args.max_tokens, chat=chat)
-    command = "python benchmarks/structured_fuzz/fuzz.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    report = {"command": command, "machine": machine_info(), **report}
-    print(json.dumps({k: v for k, v in report.items() if k != "machine"}, indent=1))
-    if args.out:
-        with open(f"{args.out}.json", "w") as f:
-            json.dump(report, f, indent=1)
-        with open(f"{args.out}.md", "w") as f:
-            f.write(
-                f"# Structured-output fuzzing\n\n`{report['command']}`\n\n{report['cases']} cases in "
-                f"{report['seconds']:.0f} s; statuses {report['statuses']}; finish reasons "
-                f"{report['finish_reasons']}; failures (5xx, a bad constraint not answered 400, a dead "
-                f'engine): **{len(report["failures"])}**; "stop" outputs invalid against their constraint: '
-                f"**{len(report['invalid'])}**.\n\n"
-                + "".join(f"- {x}\n" for x in (report["failures"] + report["invalid"])[:50])
-            )
+
+    def markdown(report: dict) -> str:
+        return (
+            f"# Structured-output fuzzing\n\n`{report['command']}`\n\n{report['cases']} cases in "
+            f"{report['seconds']:.0f} s; statuses {report['statuses']}; finish reasons "
+            f"{report['finish_reasons']}; failures (5xx, a bad constraint not answered 400, a dead "
+            f'engine): **{len(report["failures"])}**; "stop" outputs invalid against their constraint: '
+            f"**{len(report['invalid'])}**.\n\n"
+            + "".join(f"- {x}\n" for x in (report["failures"] + report["invalid"])[:50])
+        )
+
+    report = write_fuzz_report("benchmarks/structured_fuzz/fuzz.py", argv, report, args.out, markdown)
     return 0 if not (report["failures"] or report["invalid"]) else 1
 
 

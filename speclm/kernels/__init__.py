@@ -20,7 +20,10 @@ SOURCES = [
     HERE / name
     for name in (
         "bindings.cpp",  # the Python module's bindings
-        "cpu_kernels.cpp",  # attention rows, rotary, RMSNorm, SiLU; dense, int4 and w8a8 matmuls
+        "attend_rows.cpp",  # attention rows
+        "elementwise.cpp",  # rotary with the cache write, RMSNorm, SiLU
+        "int_matmul.cpp",  # int4 and w8a8 matmuls
+        "dense_matmul.cpp",  # fp32 and bf16 matmul
         "mapped_memory.cpp",  # huge-page buffers and mapped files
         "gguf_pack.cpp",  # GGUF-native weights: repacking, rows back out
         "gguf_convert.cpp",  # ... re-quantized to Q4_0
@@ -33,6 +36,7 @@ HEADERS = [
     HERE / name
     for name in (
         "cpu_kernels.h",
+        "vector16.h",
         "mapped_memory.h",
         "gguf_format.h",
         "gguf_kernels.h",

@@ -8,7 +8,7 @@
 
 // The kernels release the GIL while they run (the server's event loop keeps serving).
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("attend_rows", &attend_rows, "one-query-at-a-time attention rows (see cpu_kernels.cpp)",
+  m.def("attend_rows", &attend_rows, "one-query-at-a-time attention rows (see attend_rows.cpp)",
         py::call_guard<py::gil_scoped_release>());
   m.def("rms_norm", &rms_norm, "RMSNorm of fp32 rows, result in the weight's dtype",
         py::call_guard<py::gil_scoped_release>());

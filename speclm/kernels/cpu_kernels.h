@@ -1,5 +1,10 @@
-// The kernels of cpu_kernels.cpp: attention rows, rotary, RMSNorm, SiLU and the dense, int4 and w8a8 matmuls
-// (bound in bindings.cpp; gguf_decoder.cpp calls the first four).
+// speclm's CPU kernels, each computing a row in a fixed order whatever the number of rows: attention rows
+// (attend_rows.cpp), rotary, RMSNorm and SiLU (elementwise.cpp), the int4 and w8a8 matmuls (int_matmul.cpp)
+// and the dense matmul (dense_matmul.cpp); bound in bindings.cpp, and gguf_decoder.cpp calls the first four.
+//
+// Why our own: exact speculative decoding needs a verification row's logits to equal, bit for bit,
+// the logits plain decoding computes for that token. torch's SDPA (and its GEMMs) accumulate a many-row
+// call in another order than a one-row call, and take other paths for one row than for several.
 #pragma once
 #include <torch/extension.h>
 

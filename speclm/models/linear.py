@@ -18,7 +18,7 @@ from speclm.models.quantizers import COMPUTE_DTYPE
 def dense_kernel(weight: torch.Tensor, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
     """x @ weight.T + bias for an fp32 or bf16 weight [out, in], x in the weight's dtype; the result
     in that dtype. On the CPU speclm's dense_matmul computes it (a row's result does not depend on the
-    other rows, which torch's GEMM does not promise: see cpu_kernels.cpp); elsewhere F.linear."""
+    other rows, which torch's GEMM does not promise: see dense_matmul.cpp); elsewhere F.linear."""
     kernels = cpu_kernels() if weight.device.type == "cpu" and weight.dtype in (torch.float32, COMPUTE_DTYPE) else None
     if kernels is None:
         return functools.partial(F.linear, weight=weight, bias=bias)

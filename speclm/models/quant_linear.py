@@ -91,7 +91,7 @@ class Int8Linear(QuantizedLinear):
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
-    """q uint8 [N, K] in 0..15 -> speclm's int4 kernel layout [N/16, K/8, 64] (cpu_kernels.cpp:
+    """q uint8 [N, K] in 0..15 -> speclm's int4 kernel layout [N/16, K/8, 64] (int_matmul.cpp:
     per 16 outputs and 8 inputs, byte 32h + 2l + e holds q[l, 4h + e] low and q[l, 4h + 2 + e] high)."""
     n, k = q.shape
     v = q.view(n // 16, 16, k // 8, 2, 2, 2).permute(0, 2, 3, 1, 5, 4)  # [blocks, octets, h, l, e, nibble]
@@ -135,7 +135,7 @@ class Int4Linear(QuantizedLinear):
         pairs = torch.stack([scales, zeros], dim=-1).to(COMPUTE_DTYPE)  # [out, in/group, 2]
         if self.layout == "speclm":
             self.register_buffer("weight", pack_int4(q))
-            # [out/16, in/group, 16, 2]: one output block's pairs in one stream (cpu_kernels.cpp)
+            # [out/16, in/group, 16, 2]: one output block's pairs in one stream (int_matmul.cpp)
             pairs = pairs.view(self.out_features // 16, 16, -1, 2).transpose(1, 2)
         else:
             self.register_buffer("weight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1))

@@ -81,9 +81,10 @@ def build_app(
     spec_max_batch: int | None = None,
     on_fatal: Callable[[BaseException], None] | None = None,
 ) -> FastAPI:
-    """The app serving `llm`'s engine (`speclm serve` loads the LLM with its cache settings, so one engine
-    is built). With `cache` or `spec_max_batch`, it serves an engine of its own over them instead (one
-    loaded model served several ways: benchmarks, tests). `server` defaults to the model's file name as its id."""
+    """The app serving `llm`'s engine (`speclm serve` loads the LLM with its cache settings). With `cache`
+    or `spec_max_batch`, it serves an engine of its own over them instead (one loaded model served several
+    ways: benchmarks, tests); `llm`'s own engine is built only where `llm` is also used in-process (an
+    LLM builds its engine at first use). `server` defaults to the model's file name as its id."""
     server = server or ServerConfig(model_name=served_model_name(llm.model_path))
     served = llm if cache is None and spec_max_batch is None else llm.with_engine(cache, spec_max_batch)
     return create_app(AsyncEngine(served.engine, on_fatal=on_fatal), llm.tokenizer, server)

@@ -61,13 +61,21 @@ class StructuredOutputs(BaseModel):
         return out
 
 
-class GenerationRequest(BaseModel):
-    """Fields shared by /v1/completions and /v1/chat/completions (unknown fields are ignored, as OpenAI's are)."""
+# Fields outside a request's schema are kept (model_extra) for routes to serve or refuse
+# (server/request_fields.py); the document promises none, so a fuzzer's valid cases carry none.
+REQUEST_CONFIG = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
 
-    model_config = ConfigDict(extra="ignore")
+
+class GenerationRequest(BaseModel):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model_config = REQUEST_CONFIG
 
     model: StrictStr | None = None
     max_tokens: JsonInt | None = Field(default=None, ge=1)
+    n_predict: JsonInt | None = Field(
+        default=None, ge=-1, description="llama-server's max_tokens (-1: no limit); max_tokens wins when both are given"
+    )
     temperature: Number | None = Field(default=1.0, ge=0.0, le=2.0)
     top_p: Number | None = Field(default=1.0, gt=0.0, le=1.0)
     top_k: JsonInt = Field(default=0, ge=0, description="not in OpenAI's API (vLLM accepts it too); 0 = off")
@@ -112,10 +120,23 @@ class GenerationRequest(BaseModel):
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
+    @field_validator("n_predict")
+    @classmethod
+    def _n_predict_not_zero(cls, value: int | None) -> int | None:
+        if value == 0:  # (llama-server evaluates the prompt only: not a generation this server makes)
+            raise ValueError("n_predict must be -1 (no limit) or at least 1")
+        return value
+
+    def asked_max_tokens(self) -> int | None:
+        """The limit the request gives, by OpenAI's name or llama-server's (None: none)."""
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return self.n_predict if self.n_predict is not None and self.n_predict > 0 else None
+
     def resolved_max_tokens(self, room: int) -> int:
         """The tokens to generate at most: what the request asks for, else its endpoint's default
         (`room`: what the context leaves after the prompt)."""
-        return self.max_tokens or room
+        return self.asked_max_tokens() or room
 
     def sampling_params(self, room: int, constraint: Constraint | None = None) -> SamplingParams:
         """The request's SamplingParams (`room`: tokens the context leaves after the prompt). ValueError
@@ -146,12 +167,10 @@ class CompletionRequest(GenerationRequest):
         | Annotated[list[TokenId], Field(min_length=1)]
         | Annotated[list[StrictStr], Field(min_length=1, max_length=1)]
     )
-    echo: StrictBool = False
     logprobs: JsonInt | None = Field(default=None, ge=0, le=5)
-    suffix: StrictStr | None = None
 
     def resolved_max_tokens(self, room: int) -> int:
-        return self.max_tokens or 16  # OpenAI's default for completions
+        return self.asked_max_tokens() or 16  # OpenAI's default for completions
 
     def logprobs_count(self) -> int | None:
         return self.logprobs
@@ -162,6 +181,7 @@ class ChatCompletionRequest(GenerationRequest, ToolChatFields):
     content), `tools`, `tool_choice`, `parallel_tool_calls` (server/tool_protocol.py), and
     `chat_template_kwargs` for the template."""
 
+    model_config = REQUEST_CONFIG  # (ToolChatFields' config would win otherwise)
     max_completion_tokens: JsonInt | None = Field(default=None, ge=1)
     logprobs: StrictBool = False
     top_logprobs: JsonInt | None = Field(default=None, ge=0, le=20)
@@ -175,7 +195,7 @@ class ChatCompletionRequest(GenerationRequest, ToolChatFields):
         return value
 
     def resolved_max_tokens(self, room: int) -> int:
-        return self.max_completion_tokens or self.max_tokens or room  # chat: up to the context by default
+        return self.max_completion_tokens or self.asked_max_tokens() or room  # chat: up to the context by default
 
     def logprobs_count(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

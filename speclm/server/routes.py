@@ -17,6 +17,7 @@ from speclm.server.protocol import (
     CompletionResponse,
     ModelList,
 )
+from speclm.server.request_fields import check_extra_fields
 from speclm.server.service import GenerationService, Submission
 from speclm.structured.tool_calls import ToolCallStream, parse_tool_calls
 
@@ -96,12 +97,7 @@ async def models(raw: Request) -> dict:
 @router.post("/v1/completions", response_model=CompletionResponse, responses={**ERROR_RESPONSES, 200: STREAM_RESPONSE})
 async def completions(body: CompletionRequest, raw: Request):
     service = service_of(raw)
-    for name, unsupported in (
-        ("echo", body.echo),
-        ("suffix", body.suffix is not None),
-    ):
-        if unsupported:
-            raise APIError(400, f"{name} is not supported by this server", param=name)
+    check_extra_fields(body.model_extra or {})
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:
@@ -157,6 +153,7 @@ def _stream_completion(
 )
 async def chat_completions(body: ChatCompletionRequest, raw: Request):
     service = service_of(raw)
+    check_extra_fields(body.model_extra or {})
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     tools_constraint = service.check_chat(body)

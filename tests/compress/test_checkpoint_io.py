@@ -11,6 +11,7 @@ from speclm.compress.quantize import QuantizeOptions, quantize_model
 from speclm.compress.save import save_checkpoint
 from speclm.models.attention import AttentionMetadata
 from speclm.models.loader import load_checkpoint
+from tests.compress.conftest import CALIBRATION, stories_command
 from tests.conftest import SPECBENCH, STORIES_MODEL, STORIES_TOKENIZER
 
 PROMPT_IDS = [1, 403, 407, 261, 378, 432, 383, 300, 290]
@@ -98,37 +99,12 @@ def test_quantized_checkpoint_records_its_scheme_and_loads_dequantized(stories, 
 
 def test_eval_ppl_json_and_quantize_cli_with_calibration(tmp_path, capsys):
     text = ["--text", SPECBENCH, "--categories", "summarization", "--seq-len", "128", "--max-windows", "3", "--json"]
-    assert main(["eval", "ppl", "--model", STORIES_MODEL, "--tokenizer", STORIES_TOKENIZER, *text]) == 0
+    assert stories_command("eval ppl", *text) == 0
     base = json.loads(capsys.readouterr().out)
     assert base["windows"] == 3 and base["tokens"] == 3 * 127 and base["seq_len"] == 128
     assert 5 < base["perplexity"] < 500
     out = str(tmp_path / "gptq")
-    assert (
-        main(
-            [
-                "quantize",
-                "--model",
-                STORIES_MODEL,
-                "--tokenizer",
-                STORIES_TOKENIZER,
-                "--method",
-                "gptq-int4",
-                "--out",
-                out,
-                "--calib-text",
-                SPECBENCH,
-                "--calib-exclude-categories",
-                "summarization",
-                "--calib-samples",
-                "4",
-                "--calib-seq-len",
-                "128",
-                "--seed",
-                "1",
-            ]
-        )
-        == 0
-    )
+    assert stories_command("quantize", "--method", "gptq-int4", "--out", out, *CALIBRATION, "--seed", "1") == 0
     capsys.readouterr()
     assert main(["eval", "ppl", "--model", out, *text]) == 0
     quantized = json.loads(capsys.readouterr().out)
@@ -138,40 +114,9 @@ def test_eval_ppl_json_and_quantize_cli_with_calibration(tmp_path, capsys):
 
 
 def test_user_mistakes_are_one_line_errors(capsys):
-    assert (
-        main(
-            [
-                "quantize",
-                "--model",
-                STORIES_MODEL,
-                "--tokenizer",
-                STORIES_TOKENIZER,
-                "--method",
-                "gptq-int4",
-                "--out",
-                "/tmp/never",
-            ]
-        )
-        == 2
-    )
+    assert stories_command("quantize", "--method", "gptq-int4", "--out", "/tmp/never") == 2
     assert "needs calibration text" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "eval",
-                "ppl",
-                "--model",
-                STORIES_MODEL,
-                "--tokenizer",
-                STORIES_TOKENIZER,
-                "--text",
-                SPECBENCH,
-                "--categories",
-                "nonexistent",
-            ]
-        )
-        == 2
-    )
+    assert stories_command("eval ppl", "--text", SPECBENCH, "--categories", "nonexistent") == 2
     assert "no text selected" in capsys.readouterr().err
 
 

@@ -10,6 +10,7 @@ from speclm.cli import main
 from speclm.compress.model_io import load_with_tokenizer, rebuild
 from speclm.models.gguf_loader import field_value, load_gguf, open_gguf
 from speclm.models.loader import load_checkpoint
+from tests.compress.conftest import stories_command
 from tests.compress.test_checkpoint_io import PROMPT_IDS, logits_of
 from tests.conftest import STORIES_MODEL, STORIES_TOKENIZER
 
@@ -21,24 +22,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 def gptq_dir(tmp_path_factory):
     """stories260K quantized to int4 (RTN, g64 so the 64-wide rows hold a group): a quantized compression output."""
     out = tmp_path_factory.mktemp("rtn") / "rtn-int4"
-    assert (
-        main(
-            [
-                "quantize",
-                "--model",
-                STORIES_MODEL,
-                "--tokenizer",
-                STORIES_TOKENIZER,
-                "--method",
-                "rtn-int4",
-                "--group-size",
-                "64",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    assert stories_command("quantize", "--method", "rtn-int4", "--group-size", "64", "--out", str(out)) == 0
     return str(out)
 
 

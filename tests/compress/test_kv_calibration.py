@@ -4,11 +4,11 @@ import json
 
 import torch
 
-from speclm.cli import main
 from speclm.compress.data import calibration_windows, read_texts, tokenize_stream
 from speclm.compress.kv_calibration import calibrate_kv_scales, fake_quantize_kv
 from speclm.compress.model_io import load_with_tokenizer, rebuild
 from speclm.models.attention import AttentionMetadata
+from tests.compress.conftest import stories_command
 from tests.conftest import SPECBENCH, STORIES_MODEL, STORIES_TOKENIZER
 
 
@@ -31,31 +31,17 @@ def test_kv_scales_are_the_cache_absmax_and_int8_round_trip_is_close(tmp_path):
     rel = (fake_quantize_kv(keys, scales[0, 0]) - keys).norm() / keys.norm()
     assert rel < 0.02
     out = str(tmp_path / "q")
-    assert (
-        main(
-            [
-                "quantize",
-                "--model",
-                STORIES_MODEL,
-                "--tokenizer",
-                STORIES_TOKENIZER,
-                "--method",
-                "rtn-int8",
-                "--kv-cache-int8",
-                "--out",
-                out,
-                "--calib-text",
-                SPECBENCH,
-                "--calib-categories",
-                "qa",
-                "--calib-samples",
-                "2",
-                "--calib-seq-len",
-                "64",
-            ]
-        )
-        == 0
-    )
+    calibration = [
+        "--calib-text",
+        SPECBENCH,
+        "--calib-categories",
+        "qa",
+        "--calib-samples",
+        "2",
+        "--calib-seq-len",
+        "64",
+    ]
+    assert stories_command("quantize", "--method", "rtn-int8", "--kv-cache-int8", "--out", out, *calibration) == 0
     config = json.load(open(f"{out}/config.json"))["quantization_config"]
     assert config["kv_cache"]["dtype"] == "int8"
     from speclm.models.loader import load_checkpoint

@@ -8,8 +8,8 @@ import torch
 from speclm.compress.calibration import hessian
 from speclm.compress.prune import PruneOptions, lowest_mask
 from speclm.compress.sparsegpt import sparsegpt
+from tests.compress.conftest import CALIBRATION, stories_command
 from tests.compress.test_quantize import correlated_inputs
-from tests.conftest import SPECBENCH, STORIES_MODEL, STORIES_TOKENIZER
 
 
 def test_nm_mask_prunes_exactly_n_of_every_m_lowest():
@@ -57,27 +57,7 @@ def test_pruned_stories_checkpoint_has_the_sparsity_and_still_generates(tmp_path
     from speclm import LLM, SamplingParams
 
     out = tmp_path / "pruned"
-    from speclm.cli import main
-
-    cmd = [
-        "prune",
-        "--model",
-        STORIES_MODEL,
-        "--tokenizer",
-        STORIES_TOKENIZER,
-        *args,
-        "--out",
-        str(out),
-        "--calib-text",
-        SPECBENCH,
-        "--calib-exclude-categories",
-        "summarization",
-        "--calib-samples",
-        "4",
-        "--calib-seq-len",
-        "128",
-    ]
-    assert main(cmd) == 0
+    assert stories_command("prune", *args, "--out", str(out), *CALIBRATION) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["sparsity"] == pytest.approx(0.5, abs=1e-6)
     tensors = load_file(str(out / "model.safetensors"))
     linears = [t for k, t in tensors.items() if k.endswith("proj.weight")]

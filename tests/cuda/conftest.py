@@ -44,12 +44,6 @@ def stories_gpu():
 @pytest.fixture(scope="session")
 def perturbed_gpu_dir(tmp_path_factory) -> str:
     """stories260K with noise on every weight: a draft that often disagrees (tests/speculative/conftest.py's)."""
-    from speclm.models import load_checkpoint
-    from tests.speculative.conftest import write_hf_dir
+    from tests.speculative.conftest import write_perturbed_stories
 
-    checkpoint = load_checkpoint(STORIES_MODEL)
-    g = torch.Generator().manual_seed(0)
-    for name, t in checkpoint.tensors.items():
-        if t.dim() == 2:
-            checkpoint.tensors[name] = t + 0.5 * t.std() * torch.randn(t.shape, generator=g)
-    return write_hf_dir(checkpoint, str(tmp_path_factory.mktemp("perturbed_stories_gpu")))
+    return write_perturbed_stories(str(tmp_path_factory.mktemp("perturbed_stories_gpu")))

@@ -12,16 +12,10 @@ from speclm.config import CacheConfig, SpecConfig
 from speclm.engine.engine import Engine
 from speclm.engine.request import Request
 from tests.conftest import STORIES_MODEL, STORIES_TOKENIZER
+from tests.engine.test_batch_engine import PROMPTS
 from tests.helpers import ContiguousPass, generate_one
 from tests.speculative.tree_proposers import OracleTreeProposer, write_perturbed_heads
 
-PROMPTS = [
-    "",
-    "Once upon a time",
-    "Tom had a dog",
-    "The sun was hot and the",
-    "Lily and Ben went to the park. They saw a big",
-]
 CONFIGS = [{}, {"num_blocks": 30, "block_size": 4, "max_num_batched_tokens": 16}]  # the second preempts
 
 DRAFTERS = os.path.join(os.path.dirname(__file__), "..", "..", "drafters")

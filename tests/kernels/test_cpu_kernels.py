@@ -342,3 +342,12 @@ def test_a_lock_file_left_by_a_killed_build_does_not_hang_the_next_load(tmp_path
     assert run.returncode == 0, run.stderr
     assert "removing a kernel-build lock left by a killed process" in run.stderr
     assert not (tmp_path / build_name() / "lock").exists()
+
+
+def test_the_build_name_covers_every_kernel_source():
+    """Every C++ file in speclm/kernels/ is compiled (a .cpp) or hashed into the build's name (a .h): an
+    edit to any of them makes a new build, never a stale cached one."""
+    on_disk = {p.name for p in kernels_module.HERE.iterdir() if p.suffix in (".cpp", ".h")}
+    assert on_disk == {p.name for p in kernels_module.SOURCES + kernels_module.HEADERS}
+    assert all(p.suffix == ".cpp" for p in kernels_module.SOURCES)
+    assert set(kernels_module.PACKING_SOURCES) <= set(kernels_module.SOURCES + kernels_module.HEADERS)

@@ -48,3 +48,15 @@ def wait_until(condition, timeout=20.0):
     while not condition():
         assert time.monotonic() < deadline, "timed out waiting"
         time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def default_server(default_llm):
+    """A server over the default model (a chat template: chat, tools, structured outputs) with a 64 MB pool;
+    yields (base_url, an openai client for it)."""
+    import openai
+
+    from speclm.config import CacheConfig
+
+    with running_server(default_llm, CacheConfig(kv_cache_mb=64)) as (url, _):
+        yield url, openai.OpenAI(base_url=f"{url}/v1", api_key="x", timeout=120, max_retries=0)

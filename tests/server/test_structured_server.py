@@ -5,11 +5,7 @@ model work), and "n": 1.0 accepted."""
 import json
 
 import jsonschema
-import openai
 import pytest
-
-from speclm.config import CacheConfig
-from tests.server.conftest import running_server
 
 pytestmark = pytest.mark.slow
 
@@ -21,14 +17,8 @@ BOOK = {
 ASK = [{"role": "user", "content": "Give me a famous book as JSON with title and year."}]
 
 
-@pytest.fixture(scope="module")
-def server(default_llm):
-    with running_server(default_llm, CacheConfig(kv_cache_mb=64)) as (url, app):
-        yield url, openai.OpenAI(base_url=f"{url}/v1", api_key="x", timeout=120, max_retries=0)
-
-
-def test_json_schema_and_json_object_on_chat(server):
-    _, client = server
+def test_json_schema_and_json_object_on_chat(default_server):
+    _, client = default_server
     r = client.chat.completions.create(
         model="m",
         messages=ASK,
@@ -47,8 +37,8 @@ def test_json_schema_and_json_object_on_chat(server):
     assert isinstance(json.loads(text), dict)
 
 
-def test_vllm_extensions_on_completions(server):
-    _, client = server
+def test_vllm_extensions_on_completions(default_server):
+    _, client = default_server
     r = client.completions.create(
         model="m",
         prompt="The capital of France is",
@@ -71,10 +61,10 @@ def test_vllm_extensions_on_completions(server):
     assert r.choices[0].text in (" yes", " no")
 
 
-def test_bad_constraints_are_400s_naming_the_field(server):
+def test_bad_constraints_are_400s_naming_the_field(default_server):
     import httpx
 
-    url, _ = server
+    url, _ = default_server
     cases = [
         (
             {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
@@ -97,10 +87,10 @@ def test_bad_constraints_are_400s_naming_the_field(server):
             assert r.json()["error"]["param"] == param, r.json()
 
 
-def test_n_as_a_float_integer_and_completions_default_max_tokens(server):
+def test_n_as_a_float_integer_and_completions_default_max_tokens(default_server):
     import httpx
 
-    url, _ = server
+    url, _ = default_server
     r = httpx.post(url + "/v1/chat/completions", json={"messages": ASK, "max_tokens": 2, "n": 1.0}, timeout=60)
     assert r.status_code == 200, r.text
     r = httpx.post(
@@ -112,10 +102,10 @@ def test_n_as_a_float_integer_and_completions_default_max_tokens(server):
     assert r.status_code == 400
 
 
-def test_logprobs_on_both_endpoints_streaming_included(server, default_llm):
+def test_logprobs_on_both_endpoints_streaming_included(default_server, default_llm):
     from speclm import SamplingParams
 
-    _, client = server
+    _, client = default_server
     offline = default_llm.chat(ASK, SamplingParams(max_tokens=6, logprobs=3))
     r = client.chat.completions.create(
         model="m", messages=ASK, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3

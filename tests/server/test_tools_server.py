@@ -5,11 +5,7 @@ choice required so the call is certain, streamed calls, and OpenAI's message che
 import json
 
 import httpx
-import openai
 import pytest
-
-from speclm.config import CacheConfig
-from tests.server.conftest import running_server
 
 pytestmark = pytest.mark.slow
 
@@ -33,14 +29,8 @@ TIME = {
 ASK = [{"role": "user", "content": "What is the weather in Lyon?"}]
 
 
-@pytest.fixture(scope="module")
-def server(default_llm):
-    with running_server(default_llm, CacheConfig(kv_cache_mb=64)) as (url, _):
-        yield url, openai.OpenAI(base_url=f"{url}/v1", api_key="x", timeout=120, max_retries=0)
-
-
-def test_two_turn_tool_conversation_with_the_openai_client(server):
-    _, client = server
+def test_two_turn_tool_conversation_with_the_openai_client(default_server):
+    _, client = default_server
     r = client.chat.completions.create(
         model="m",
         messages=ASK,
@@ -68,8 +58,8 @@ def test_two_turn_tool_conversation_with_the_openai_client(server):
     assert r.choices[0].message.content and not r.choices[0].message.tool_calls
 
 
-def test_named_tool_choice_streams_the_call_as_openai_does(server):
-    _, client = server
+def test_named_tool_choice_streams_the_call_as_openai_does(default_server):
+    _, client = default_server
     stream = client.chat.completions.create(
         model="m",
         messages=ASK,
@@ -87,8 +77,8 @@ def test_named_tool_choice_streams_the_call_as_openai_does(server):
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
-def test_tool_messages_are_checked_as_openai_checks_them(server):
-    url, _ = server
+def test_tool_messages_are_checked_as_openai_checks_them(default_server):
+    url, _ = default_server
     cases = [
         ({"messages": [{"role": "tool"}]}, "messages.0"),
         ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "call_1"}]}, "messages.0.tool_call_id"),

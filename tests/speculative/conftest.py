@@ -19,12 +19,17 @@ def write_hf_dir(checkpoint, path: str) -> str:
     return path
 
 
-@pytest.fixture(scope="session")
-def perturbed_stories_dir(tmp_path_factory) -> str:
-    """stories260K with Gaussian noise on every weight: a draft model that often disagrees."""
+def write_perturbed_stories(path: str) -> str:
+    """stories260K with Gaussian noise on every weight, as an HF directory at `path`: a draft model that
+    often disagrees."""
     checkpoint = load_checkpoint(STORIES_MODEL)
     g = torch.Generator().manual_seed(0)
     for name, t in checkpoint.tensors.items():
         if t.dim() == 2:
             checkpoint.tensors[name] = t + 0.5 * t.std() * torch.randn(t.shape, generator=g)
-    return write_hf_dir(checkpoint, str(tmp_path_factory.mktemp("perturbed_stories")))
+    return write_hf_dir(checkpoint, path)
+
+
+@pytest.fixture(scope="session")
+def perturbed_stories_dir(tmp_path_factory) -> str:
+    return write_perturbed_stories(str(tmp_path_factory.mktemp("perturbed_stories")))

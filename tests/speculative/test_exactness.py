@@ -2,6 +2,7 @@
 tokens follow the target's own distribution (computed by enumeration), checked with a G-test. The same
 test must reject a deliberately broken verifier (negative control), or it would prove nothing."""
 
+import dataclasses
 import random
 
 import numpy as np
@@ -35,14 +36,7 @@ def exact_two_token_distribution(llm, prompt_ids: list[int], params: SamplingPar
 def sample_two_tokens(llm, prompt_ids: list[int], params: SamplingParams, num_samples: int) -> np.ndarray:
     counts = np.zeros((llm.model.config.vocab_size,) * 2)
     for seed in range(num_samples):
-        run = SamplingParams(
-            temperature=params.temperature,
-            top_k=params.top_k,
-            top_p=params.top_p,
-            seed=seed,
-            max_tokens=2,
-            ignore_eos=True,
-        )
+        run = dataclasses.replace(params, seed=seed, max_tokens=2, ignore_eos=True)
         t1, t2 = llm.generate(prompt_ids, run)[0].token_ids
         counts[t1, t2] += 1
     return counts

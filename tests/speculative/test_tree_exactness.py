@@ -7,6 +7,8 @@ scheme (no residual update after a sibling fails) must be rejected by the same t
 One case runs the whole engine (tree pass, KV commit, next step); the others drive the verifier with
 the target's logits precomputed for every first token, which is the same computation ~30x faster."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -61,14 +63,7 @@ def sample_first_two(llm, proposer, prompt_ids, params, verifier=None):
     counts = torch.zeros((llm.model.config.vocab_size,) * 2, dtype=torch.float64)
     deep = 0
     for seed in range(NUM_SAMPLES):
-        run = SamplingParams(
-            temperature=params.temperature,
-            top_k=params.top_k,
-            top_p=params.top_p,
-            seed=seed,
-            max_tokens=3,
-            ignore_eos=True,
-        )
+        run = dataclasses.replace(params, seed=seed, max_tokens=3, ignore_eos=True)
         out = generate_with_proposer(llm, proposer, prompt_ids, run, 16, engine=engine)
         t1, t2 = out.token_ids[:2]
         counts[t1, t2] += 1
