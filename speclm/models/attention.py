@@ -126,6 +126,11 @@ class AttentionMetadata:
     def end(self) -> int:
         return self.start + self.num_tokens
 
+    @property
+    def max_position(self) -> None:
+        """Unknown here: the caller's positions need not be start.. (a draft's tree)."""
+        return None
+
     def sdpa_mask(self) -> tuple[torch.Tensor | None, bool]:
         """(attn_mask, is_causal) arguments for scaled_dot_product_attention."""
         if self.mask is not None:
@@ -233,6 +238,8 @@ class PagedAttentionMetadata:
             )
             self.sequences.append((slots, local))
         self.num_tokens = len(self.slot_mapping)
+        # The largest rotary position of the step, known on the host (no read-back from a GPU).
+        self.max_position = max((e.start + len(e.tokens) - 1 for e in entries), default=0)
         self._pooled: DecodeRows | None = None
         self._windowed: dict[int, DecodeRows] = {}  # window -> pooled rows over their windows
         self._gpu_plan: GpuBatchPlan | None = None  # built by the first layer of a step on a GPU
