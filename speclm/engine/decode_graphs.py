@@ -2,8 +2,8 @@
 
 A step whose rows all attend like decoding and all need logits (plain decoding, verification chains, small
 token trees: no prompt chunk) is laid out on the host as rows (token, position, write slot, length, table
-row) plus a slot table, padded to a bucket of 1, 2, 4, ... MAX_ROWS rows, and copied into fixed device
-buffers in one transfer. A bucket's pass (layers, head) is captured in a CUDA graph on its first use, after
+row) plus a slot table, padded to a bucket of BUCKETS rows, and copied into fixed device buffers in one
+transfer. A bucket's pass (layers, head) is captured in a CUDA graph on its first use, after
 one warm-up pass, and replayed after that: one launch instead of a few hundred, and no host
 synchronisation until the logits are read. Padded rows write their keys to a scratch slot (a block the
 block manager never hands out) and read only that slot, so they never touch a real row.
@@ -21,12 +21,15 @@ from dataclasses import dataclass
 import torch
 
 from speclm.models.attention import BatchEntry
+from speclm.models.linear import BATCH_INVARIANT_ROWS
 from speclm.models.llama import LlamaModel
 from speclm.models.static_rows import StaticRowsMetadata
 
 log = logging.getLogger(__name__)
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # rows per captured pass: decode at concurrency 32, 8 chains of K+1 = 5 rows
+# Rows per captured pass: whole GEMM chunks (row_chunked pads every projection to them anyway, so a smaller
+# pass would only add a padding copy per projection); the second bucket takes 8 chains of K + 1 = 5 rows.
+BUCKETS = (BATCH_INVARIANT_ROWS, 2 * BATCH_INVARIANT_ROWS)
 MAX_ROWS = BUCKETS[-1]
 FIELDS = 5  # tokens, positions, write slots, lengths, table rows
 
