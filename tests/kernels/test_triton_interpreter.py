@@ -1,6 +1,7 @@
-"""The Triton paged-attention kernel against its torch reference, in Triton's interpreter on the CPU
-(TRITON_INTERPRET=1, in a subprocess so that no other test sees the setting). Skipped where Triton is not
-installed (CI); on a GPU tests/cuda/test_cuda_attention.py runs the compiled kernel."""
+"""The Triton kernels (paged attention, RMSNorm, the SwiGLU product) against their torch references, in
+Triton's interpreter on the CPU (TRITON_INTERPRET=1, in a subprocess so that no other test sees the
+setting). Skipped where Triton is not installed (CI); on a GPU tests/cuda/test_cuda_attention.py runs the
+compiled kernels."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-SCRIPT = textwrap.dedent(
+PATCH = textwrap.dedent(
     """
     import numpy as np
     import torch
@@ -28,6 +29,10 @@ SCRIPT = textwrap.dedent(
         scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
 
     interpreter._patch_lang_tensor = _patched
+    """
+)
+SCRIPT = PATCH + textwrap.dedent(
+    """
     from speclm.kernels.triton_attention import paged_attention
     from speclm.models.gpu_attention import attend_rows_reference
 
@@ -50,7 +55,40 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_triton_kernel_matches_reference_in_the_interpreter():
+NORM_SCRIPT = PATCH + textwrap.dedent(
+    """
+    import torch.nn.functional as F
+    from speclm.kernels.triton_norm import rms_norm, silu_mul
+
+    g = torch.Generator().manual_seed(0)
+    for cols, x_dtype, w_dtype in [(64, torch.float32, torch.float32), (96, torch.float16, torch.float16),
+                                   (1536, torch.float32, torch.float16), (40, torch.float16, torch.float32)]:
+        x = (3 * torch.randn(5, cols, generator=g)).to(x_dtype)
+        w = torch.randn(cols, generator=g).to(w_dtype)
+        normed = torch.rms_norm(x.float(), (cols,), eps=1e-6)
+        expected = w * (normed if w_dtype == torch.float32 else normed.to(w_dtype))
+        got = rms_norm(x, w, 1e-6)
+        assert got.dtype == w_dtype and got.shape == x.shape
+        tol = 2e-3 if w_dtype == torch.float16 else 1e-5
+        err = ((got.float() - expected.float()).abs() / (1 + expected.float().abs())).max().item()
+        assert err <= tol, (cols, x_dtype, w_dtype, err)
+        assert torch.equal(rms_norm(x[2:3], w, 1e-6), got[2:3])  # a row alone: the same bits
+    for cols, dtype in [(8, torch.float32), (1500, torch.float32), (2100, torch.float16)]:
+        gate_up = (2 * torch.randn(3, 2 * cols, generator=g)).to(dtype)
+        gate, up = gate_up.float().split(cols, dim=-1)
+        expected = F.silu(gate) * up
+        got = silu_mul(gate_up)
+        assert got.dtype == dtype and got.shape == (3, cols)
+        tol = 4e-3 if dtype == torch.float16 else 1e-5
+        err = ((got.float() - expected).abs() / (1 + expected.abs())).max().item()
+        assert err <= tol, (cols, dtype, err)
+    print("ok")
+    """
+)
+
+
+@pytest.mark.parametrize("script", [SCRIPT, NORM_SCRIPT], ids=["paged-attention", "norm-and-swiglu"])
+def test_triton_kernel_matches_reference_in_the_interpreter(script):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
