@@ -102,7 +102,9 @@ def paged_attention(
     in q's dtype. No host synchronisation: the kernel reads each row's length itself."""
     heads, n, head_dim = q.shape
     kv = keys.shape[0]
-    out = torch.empty((heads, n, head_dim), dtype=q.dtype, device=q.device)
+    # [heads, n, head_dim] laid out as [n, heads, head_dim]: the caller's transpose to [n, heads * head_dim]
+    # for o_proj is then a view, not a copy
+    out = torch.empty((n, heads, head_dim), dtype=q.dtype, device=q.device).transpose(0, 1)
     if n == 0:
         return out
     assert heads % kv == 0 and q.stride(-1) == 1 and keys.stride(-1) == 1 and values.stride(-1) == 1

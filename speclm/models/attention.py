@@ -325,6 +325,15 @@ def rope_kernels(qkv: torch.Tensor, cos: torch.Tensor, k_cache) -> ModuleType | 
     return decode_kernels(qkv, qkv.dtype) if qkv.dtype in (torch.float32, torch.bfloat16) else None
 
 
+def gpu_rope_fits(qkv: torch.Tensor, cos: torch.Tensor, k_cache, head_dim: int) -> bool:
+    """Whether rope_write (speclm/kernels/triton_ops.py) takes this step: CUDA tensors of one dtype, a
+    tensor cache (not int8 slots), a power-of-two head_dim, no gradient wanted."""
+    if not qkv.is_cuda or not isinstance(k_cache, torch.Tensor) or qkv.requires_grad:
+        return False
+    same = qkv.dtype == cos.dtype == k_cache.dtype and qkv.dim() == 2 and qkv.stride(-1) == 1
+    return same and head_dim >= 2 and head_dim & (head_dim - 1) == 0
+
+
 def self_attention(
     x: torch.Tensor,  # [num_tokens, hidden]: the normed input
     qkv_proj: TensorFn,
@@ -347,6 +356,10 @@ def self_attention(
     kernels = rope_kernels(qkv, cos, k_cache)
     if kernels is not None:  # one call: rotate, write keys/values to their slots, return q
         q = kernels.rope_qkv(qkv, cos, sin, h, kv, k_cache, v_cache, meta.write_slots(qkv.device))
+    elif gpu_rope_fits(qkv, cos, k_cache, head_dim):  # the same in one Triton launch
+        from speclm.kernels.triton_ops import rope_write
+
+        q = rope_write(qkv, cos, sin, h, kv, k_cache, v_cache, meta.write_slots(qkv.device))
     else:
         if qkv.dtype != cos.dtype:
             qkv = qkv.to(cos.dtype)

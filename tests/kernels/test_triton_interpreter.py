@@ -55,10 +55,11 @@ SCRIPT = PATCH + textwrap.dedent(
 )
 
 
-NORM_SCRIPT = PATCH + textwrap.dedent(
+OPS_SCRIPT = PATCH + textwrap.dedent(
     """
     import torch.nn.functional as F
-    from speclm.kernels.triton_norm import rms_norm, silu_mul
+    from speclm.kernels.triton_ops import rms_norm, rope_write, silu_mul
+    from speclm.models.rope import apply_rope
 
     g = torch.Generator().manual_seed(0)
     for cols, x_dtype, w_dtype in [(64, torch.float32, torch.float32), (96, torch.float16, torch.float16),
@@ -82,12 +83,28 @@ NORM_SCRIPT = PATCH + textwrap.dedent(
         tol = 4e-3 if dtype == torch.float16 else 1e-5
         err = ((got.float() - expected).abs() / (1 + expected.abs())).max().item()
         assert err <= tol, (cols, dtype, err)
+    for heads, kv, d, dtype in [(4, 2, 8, torch.float32), (6, 3, 64, torch.float16), (2, 2, 16, torch.float32)]:
+        n, pool = 5, 40
+        qkv = torch.randn(n, (heads + 2 * kv) * d, generator=g).to(dtype)
+        cos, sin = (torch.randn(n, d, generator=g).to(dtype) for _ in range(2))
+        slots = torch.randperm(pool, generator=g)[:n]
+        k_cache, v_cache = (torch.randn(kv, pool, d, generator=g).to(dtype) for _ in range(2))
+        k_expected, v_expected = k_cache.clone(), v_cache.clone()
+        view = qkv.view(n, heads + 2 * kv, d).transpose(0, 1)
+        qk = apply_rope(view[: heads + kv], cos, sin)
+        k_expected[:, slots], v_expected[:, slots] = qk[heads:], view[heads + kv :]
+        q = rope_write(qkv, cos, sin, heads, kv, k_cache, v_cache, slots)
+        tol = 2e-3 if dtype == torch.float16 else 1e-6
+        for got, expected in ((q, qk[:heads]), (k_cache, k_expected), (v_cache, v_expected)):
+            assert got.shape == expected.shape
+            err = (got.float() - expected.float()).abs().max().item()
+            assert err <= tol, (heads, kv, d, dtype, err)
     print("ok")
     """
 )
 
 
-@pytest.mark.parametrize("script", [SCRIPT, NORM_SCRIPT], ids=["paged-attention", "norm-and-swiglu"])
+@pytest.mark.parametrize("script", [SCRIPT, OPS_SCRIPT], ids=["paged-attention", "norm-swiglu-rope"])
 def test_triton_kernel_matches_reference_in_the_interpreter(script):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
