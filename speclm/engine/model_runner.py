@@ -38,10 +38,7 @@ class ModelRunner:
         on_gpu = model.device.type == "cuda"
         model.use_lean_ops(gemm_rows=BATCH_INVARIANT_ROWS if batch_invariant and on_gpu else None)
         self.batch_invariant = batch_invariant and on_gpu
-        # Sliding-window layers attend over a window the static rows do not carry: those models stay eager.
-        static = not any(model.config.is_local(i) for i in range(model.config.num_layers))
-        mode = {"auto": "graph" if on_gpu else None, "off": None, "eager": "eager"}[decode_graphs]
-        self.graph_mode = mode if static else None
+        self.graph_mode = {"auto": "graph" if on_gpu else None, "off": None, "eager": "eager"}[decode_graphs]
         self._graphs: weakref.WeakKeyDictionary[PagedKVCache, DecodeGraphs] = weakref.WeakKeyDictionary()
         self.config = model.config
         self.slow_steps = SlowStepWatch()

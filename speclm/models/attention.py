@@ -276,11 +276,9 @@ class PagedAttentionMetadata:
         if self.queries is not None:
             self.queries.append(q)
         if isinstance(k_cache, torch.Tensor) and q.device.type == "cuda":  # prompts by SDPA, other rows in place
-            if window is not None:
-                raise ValueError("sliding-window attention (gemma3's local layers) does not run on CUDA yet")
             if self._gpu_plan is None:
                 self._gpu_plan = GpuBatchPlan(self.sequences, q.device)
-            return self._gpu_plan.attend(q, k_cache, v_cache, self.pooled)
+            return self._gpu_plan.attend(q, k_cache, v_cache, self.pooled, window)
         if isinstance(k_cache, torch.Tensor):  # one call reads the pool
             if window is None:
                 return attend_like_decoding(q, k_cache, v_cache, self.pooled())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from speclm.models.attention import DecodeRows, attend_like_decoding
+from speclm.models.gpu_attention import attend_decode_rows
 
 
 class StaticRowsMetadata:
@@ -28,6 +29,7 @@ class StaticRowsMetadata:
         self.rows = DecodeRows(lengths, table, table_rows)
         self.num_tokens = len(write_slots)
         self.max_position = max_position  # the rotary tables already cover it (LlamaModel.reserve_positions)
+        self._windowed: dict[int, DecodeRows] = {}
 
     def write_slots(self, device: torch.device) -> torch.Tensor:
         return self.slot_mapping
@@ -35,7 +37,13 @@ class StaticRowsMetadata:
     def attend_cached(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, window: int | None = None
     ) -> torch.Tensor:
-        """Every row q [heads, rows, head_dim] over its table row, as plain decoding attends it."""
-        if window is not None:
-            raise ValueError("sliding-window layers do not run from static rows (DecodeGraphs refuses such models)")
-        return attend_like_decoding(q, k_cache, v_cache, self.rows)
+        """Every row q [heads, rows, head_dim] over its table row, as plain decoding attends it; with `window`,
+        over the last `window` keys of it (a sliding-window layer)."""
+        if window is None:
+            return attend_like_decoding(q, k_cache, v_cache, self.rows)
+        if q.is_cuda:  # the kernel reads each row's last `window` keys itself
+            rows = self.rows
+            return attend_decode_rows(q, k_cache, v_cache, rows.lengths, rows.slots, rows.slot_rows, window)
+        if window not in self._windowed:  # (the CPU: explicit windowed slot rows)
+            self._windowed[window] = self.rows.windowed(window)
+        return attend_like_decoding(q, k_cache, v_cache, self._windowed[window])

@@ -123,3 +123,24 @@ def test_static_steps_generate_the_eager_tokens(stories_llm, static_llm, spec):
     llm = static_llm.with_spec(spec, 4, adaptive=False)
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
     assert graphs_of(llm).steps > 0
+
+
+def test_static_steps_of_a_sliding_window_model_generate_the_eager_tokens(tmp_path):
+    """gemma3's local layers (window 8, passed by the prompt and the tokens after it) from static rows."""
+    transformers = pytest.importorskip("transformers")
+    from speclm import LLM
+    from tests.models.hf_tiny import tiny_hf_model
+    from tests.models.test_families import GEMMA3, _word_tokenizer
+
+    hf_model = tiny_hf_model(transformers.Gemma3TextConfig, **GEMMA3)
+    hf_model.save_pretrained(tmp_path)
+    _word_tokenizer(tmp_path, hf_model.config.vocab_size)
+    llm = LLM(str(tmp_path), tokenizer=str(tmp_path), weights="fp32", threads=1)
+    prompts = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], [3, 4, 5]]
+    for spec in (None, "ngram"):
+        expected = [o.token_ids for o in llm.with_spec(spec, 4, adaptive=False).generate(prompts, GREEDY)]
+        static = llm.with_spec(spec, 4, adaptive=False)
+        static.runner = ModelRunner(static.model, decode_graphs="eager")
+        static._set_spec(static.spec)
+        assert [o.token_ids for o in static.generate(prompts, GREEDY)] == expected
+        assert graphs_of(static).steps > 0

@@ -46,10 +46,11 @@ SCRIPT = PATCH + textwrap.dedent(
         table = torch.stack([torch.randperm(300, generator=g)[:140] for _ in range(3)])
         table_rows = torch.tensor([0, 1, 2, 1, 0])
         args = (q, keys, values, lengths, table, table_rows, d**-0.5)
-        expected, got = attend_rows_reference(*args), paged_attention(*args)
-        tol = 1e-2 if dtype == torch.float16 else 1e-5
-        err = (expected.float() - got.float()).abs().max().item()
-        assert err <= tol, (heads, kv, d, dtype, err)
+        for window in (None, 1, 20, 64):  # (a sliding-window layer's rows: their last `window` keys)
+            expected, got = attend_rows_reference(*args, window), paged_attention(*args, window)
+            tol = 1e-2 if dtype == torch.float16 else 1e-5
+            err = (expected.float() - got.float()).abs().max().item()
+            assert err <= tol, (heads, kv, d, dtype, window, err)
     print("ok")
     """
 )
