@@ -5,8 +5,8 @@
 # benchmark 250 s. Each step is isolated: it has its own hard timeout, writes its own log, and a failure
 # does not stop the next step. What speclm imports and the GPU image lacks (gguf; fastapi, pydantic, uvicorn
 # and their dependencies for the server test) comes as wheels from .whl/ (carried; see
-# benchmarks/cuda/README.md). The default 135M model travels in three parts (.m135/smollm135m.gguf.part00..02,
-# one call each: the tree and what it carries must stay under 64 MiB a call) and is joined here when all are.
+# benchmarks/cuda/README.md). The default 135M model travels in parts (.m135/smollm135m.gguf.partNN, one call
+# each: the tree and what it carries must stay under 64 MiB a call) and is joined here when all are.
 set -u
 WHAT=${1:-all}
 OUT=${OUT:-/tmp/speclm_gpu_out}
