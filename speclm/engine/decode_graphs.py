@@ -6,7 +6,7 @@ row) plus a slot table, padded to a bucket of BUCKETS rows, and copied into fixe
 transfer. A bucket's pass (layers, head) is captured in a CUDA graph on its first use, after
 one warm-up pass, and replayed after that: one launch instead of a few hundred, and no host
 synchronisation until the logits are read. Padded rows write their keys to a scratch slot (a block the
-block manager never hands out) and read only that slot, so they never touch a real row.
+block manager never hands out) and read one key, so they never change a real row.
 
 The same layout runs without capture on any device (mode "eager"): the CPU tests check it against the
 eager path, so on a GPU only the capture and the replay are new. Other steps (prompts, mixed steps, rows
@@ -36,13 +36,15 @@ FIELDS = 5  # tokens, positions, write slots, lengths, table rows
 
 @dataclass
 class StepRows:
-    """One step's rows on the host, padded to `bucket` rows: FIELDS vectors then the slot table, flat."""
+    """One step's rows on the host, padded to `bucket` rows: FIELDS vectors, then the slot table's real
+    rows (`table_count` of them, `width` wide), flat."""
 
     num_rows: int
     bucket: int
+    table_count: int
     width: int  # the table's columns this step (its longest row)
     max_position: int
-    flat: list[int]  # FIELDS * bucket vector values, then bucket * width table entries
+    flat: list[int]  # FIELDS * bucket vector values, then table_count * width table entries
 
 
 def step_rows(entries: list[BatchEntry], scratch: int, max_width: int, max_positions: int) -> StepRows | None:
@@ -73,13 +75,14 @@ def step_rows(entries: list[BatchEntry], scratch: int, max_width: int, max_posit
     if n == 0 or bucket is None or width > max_width or max(positions) >= max_positions:
         return None
     pad = bucket - n
-    table += [[scratch]] * (bucket - len(table))  # a padded row i reads table row i (>= n >= real table rows)
     vectors = [tokens, positions, writes, lengths, table_rows]
-    padding = [[0] * pad, [0] * pad, [scratch] * pad, [1] * pad, list(range(n, bucket))]
+    # A padded row writes the scratch slot and reads one key: the first slot of table row 0 (any valid
+    # slot would do, its result is dropped), so table rows past the real ones are never read.
+    padding = [[0] * pad, [0] * pad, [scratch] * pad, [1] * pad, [0] * pad]
     flat = [x for v, p in zip(vectors, padding) for x in v + p]
     for t in table:
         flat += t + [scratch] * (width - len(t))
-    return StepRows(n, bucket, width, max(positions), flat)
+    return StepRows(n, bucket, len(table), width, max(positions), flat)
 
 
 @dataclass
@@ -135,12 +138,12 @@ class DecodeGraphs:
 
     def _load(self, rows: StepRows) -> None:
         """The step's rows into the fixed buffers: one host-to-device copy, then two on the device."""
-        b, w, size = rows.bucket, rows.width, len(rows.flat)
+        b, t, w, size = rows.bucket, rows.table_count, rows.width, len(rows.flat)
         host = self.host[:size]
         host.copy_(torch.tensor(rows.flat, dtype=torch.long))
         source = host if self.staging is None else self.staging[:size].copy_(host, non_blocking=True)
         self.vectors[:, :b].copy_(source[: FIELDS * b].view(FIELDS, b))
-        self.table[:b, :w].copy_(source[FIELDS * b :].view(b, w))
+        self.table[:t, :w].copy_(source[FIELDS * b :].view(t, w))
 
     def _pass(self, cache, bucket: int, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The forward and the head over the first `bucket` rows of the buffers."""
