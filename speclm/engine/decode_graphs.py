@@ -159,7 +159,7 @@ class DecodeGraphs:
             return captured
         try:
             captured = self._capture(cache, bucket, max_position)
-        except RuntimeError as e:  # (the eager path computes the same rows; say so once and stay there)
+        except Exception as e:  # (the eager path computes the same rows; say so once and stay there)
             self.failed = f"{type(e).__name__}: {e}"
             log.warning("speclm: capturing a CUDA graph failed; decoding stays eager: %s", self.failed)
             return None
@@ -178,6 +178,7 @@ class DecodeGraphs:
             self._pass(cache, bucket, max_position)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: another thread's CUDA calls (a server's) neither break this capture nor get captured
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             hidden, logits = self._pass(cache, bucket, max_position)
         return Captured(graph, hidden, logits, self.model.rotary.cos_table.data_ptr())
