@@ -243,6 +243,7 @@ class PagedAttentionMetadata:
         self._pooled: DecodeRows | None = None
         self._windowed: dict[int, DecodeRows] = {}  # window -> pooled rows over their windows
         self._gpu_plan: GpuBatchPlan | None = None  # built by the first layer of a step on a GPU
+        self._completes = [e.num_logits > 0 for e in entries]  # (which chunks end with a row that has logits)
 
     def pooled(self) -> DecodeRows:
         """Every row as one DecodeRows over pool slots: one table row per causal sequence (shared by
@@ -277,7 +278,7 @@ class PagedAttentionMetadata:
             self.queries.append(q)
         if isinstance(k_cache, torch.Tensor) and q.device.type == "cuda":  # prompts by SDPA, other rows in place
             if self._gpu_plan is None:
-                self._gpu_plan = GpuBatchPlan(self.sequences, q.device)
+                self._gpu_plan = GpuBatchPlan(self.sequences, q.device, self._completes)
             return self._gpu_plan.attend(q, k_cache, v_cache, self.pooled, window)
         if isinstance(k_cache, torch.Tensor):  # one call reads the pool
             if window is None:

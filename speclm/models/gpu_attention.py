@@ -98,20 +98,27 @@ def attend_decode_rows(
 class GpuBatchPlan:
     """How a paged step's rows are attended on a GPU, decided once per step from host-side sizes (no sync):
     a sequence whose new rows are its whole causal prompt runs one SDPA call (is_causal) over its freshly
-    written slots; all other rows (decode, verification, token trees, later prompt chunks) run through the
-    paged kernel over the step's pooled DecodeRows. `sequences` is PagedAttentionMetadata.sequences."""
+    written slots, but for the row that completes the prompt (`completes[i]`: the chunk has logits); all
+    other rows (decode, verification, token trees, later prompt chunks, that last prompt row) run through
+    the paged kernel over the step's pooled DecodeRows. `sequences` is PagedAttentionMetadata.sequences."""
 
-    def __init__(self, sequences, device: torch.device) -> None:
+    def __init__(self, sequences, device: torch.device, completes: list[bool] | None = None) -> None:
         self.prefill: list[tuple[int, int, torch.Tensor]] = []  # (first row, rows, slots [rows])
         other: list[range] = []
         row = 0
-        for slots, local in sequences:
+        for i, (slots, local) in enumerate(sequences):
             n = len(local.lengths)
-            if local.slots is None and n >= PREFILL_SDPA_MIN_ROWS and n == slots.shape[0]:
-                self.prefill.append((row, n, slots))
+            # The row that completes a prompt (it has logits) runs through the kernel: a speculating
+            # sequence holds that token back and runs it as a decode row, and plain decoding must compute
+            # it with the same arithmetic for speculative greedy to equal plain greedy in half precision.
+            by_sdpa = n - 1 if completes is not None and completes[i] else n
+            if local.slots is None and by_sdpa >= PREFILL_SDPA_MIN_ROWS and n == slots.shape[0]:
+                self.prefill.append((row, by_sdpa, slots[:by_sdpa]))
+                other.append(range(row + by_sdpa, row + n))
             else:
                 other.append(range(row, row + n))
             row += n
+        other = [rs for rs in other if len(rs)]
         self.num_rows = row
         self.other_rows = (
             torch.tensor([r for rs in other for r in rs], dtype=torch.long, device=device)

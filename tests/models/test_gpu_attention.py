@@ -78,10 +78,14 @@ def test_gpu_step_plan_sends_whole_prompts_to_sdpa_and_the_rest_to_the_kernel(mo
         return attend_rows_reference(q, keys, values, lengths, table, table_rows, scale, window)
 
     monkeypatch.setattr(gpu_attention, "attend_rows", reference)
-    plan = GpuBatchPlan(meta.sequences, q.device)
-    assert [(first, n) for first, n, _ in plan.prefill] == [(0, 7)]
+    plan = GpuBatchPlan(meta.sequences, q.device, meta._completes)
+    # the prompt's rows by SDPA but its last (it completes the prompt: a speculating sequence runs that
+    # token as a decode row, so plain decoding computes it as one too)
+    assert [(first, n) for first, n, _ in plan.prefill] == [(0, 6)]
     got = plan.attend(q, keys, values, meta.pooled)
-    assert calls == [meta.num_tokens - 7]  # one kernel call for all the other rows
+    assert calls == [meta.num_tokens - 6]  # one kernel call for all the other rows
+    # a prompt chunk that does not complete its prompt runs whole by SDPA
+    assert [(f, n) for f, n, _ in GpuBatchPlan(meta.sequences, q.device, [False] * 5).prefill] == [(0, 7)]
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
 
 
@@ -110,5 +114,5 @@ def test_windowed_reference_and_step_plan_equal_the_cpu_windowed_attention(windo
         return attend_rows_reference(q, keys, values, lengths, table, table_rows, scale, window)
 
     monkeypatch.setattr(gpu_attention, "attend_rows", reference)
-    plan = GpuBatchPlan(meta.sequences, q.device)
+    plan = GpuBatchPlan(meta.sequences, q.device, meta._completes)
     torch.testing.assert_close(plan.attend(q, keys, values, meta.pooled, window), expected, atol=2e-5, rtol=1e-5)
