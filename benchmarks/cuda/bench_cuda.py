@@ -352,7 +352,7 @@ ROW_NAMES = {
     "speclm_eager": "speclm eager (no CUDA graphs)",
     "speclm_eager_one_gemm": "speclm eager, one GEMM per layer (--no-cuda-graphs --no-batch-invariant)",
 }
-PARTS = {"qwen1.5b": 115, "smollm135m": 95, "stories": 30}  # hard timeouts, seconds (250 s in all: run_gpu.sh)
+PARTS = {"qwen1.5b": 100, "smollm135m": 90, "stories": 30}  # hard timeouts, seconds (230 s in all: run_gpu.sh)
 
 
 # -- report -----------------------------------------------------------------------------------------
