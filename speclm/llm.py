@@ -38,7 +38,10 @@ class LLM:
     bf16 | int8 | int4[:GROUP] (see speclm.models.weight_formats). cache: the paged KV cache the engine
     runs on; spec_max_batch: the engine drafts only in steps with at most this many running sequences.
     device: auto (the default: a CUDA GPU when torch sees one, else the CPU) | cpu | cuda | cuda:N; on a
-    GPU the weights are dense bf16 (auto, bf16; fp16 where bf16 is missing) or fp32.
+    GPU the weights are dense bf16 (auto, bf16; fp16 where bf16 is missing) or fp32. cuda_graphs: on a
+    GPU, decode and verification steps replay CUDA graphs (False: every step eager); batch_invariant: on a
+    GPU, the linear layers run over fixed row chunks so speculative greedy equals plain greedy in bf16
+    too (False: one GEMM per layer, faster prompts and big batches). Both are ignored on the CPU.
     Prompts are checked here (the engine trusts its requests): a bad one raises ValueError.
 
     generate() runs all its prompts together in one batch; each result equals that prompt run alone.
@@ -56,6 +59,8 @@ class LLM:
         cache: CacheConfig | None = None,
         spec_max_batch: int = 8,
         device: str | None = "auto",
+        cuda_graphs: bool = True,
+        batch_invariant: bool = True,
     ) -> None:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a positive integer, got {threads!r}")
@@ -75,7 +80,7 @@ class LLM:
             raise ModelLoadError(
                 f"tokenizer has {self.tokenizer.vocab_size} tokens but the model only {self.model.config.vocab_size}"
             )
-        self.runner = ModelRunner(self.model)
+        self.runner = ModelRunner(self.model, "auto" if cuda_graphs else "off", batch_invariant)
         self.proposers = ProposerFactory(self.model, self.weights)
         self.cache_config, self.spec_max_batch = cache or CacheConfig(), spec_max_batch
         self._ids = itertools.count()

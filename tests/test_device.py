@@ -61,3 +61,19 @@ def test_deploy_and_distill_refuse_a_gpu_they_would_ignore():
     refuse_gpu(argparse.Namespace(device="cpu"), "deploy")
     with pytest.raises(ValueError, match="CPU only"):
         refuse_gpu(argparse.Namespace(device="cuda:0"), "distill")
+
+
+def test_gpu_options_from_the_command_line_and_their_stage_line_words():
+    import argparse
+
+    from speclm.cli.common import add_model_args, gpu_options
+
+    parser = argparse.ArgumentParser()
+    add_model_args(parser)
+    defaults = parser.parse_args([])
+    off = parser.parse_args(["--no-cuda-graphs", "--no-batch-invariant"])
+    assert gpu_options(defaults, torch.device("cpu")) == ({"cuda_graphs": True, "batch_invariant": True}, "")
+    options, words = gpu_options(off, torch.device("cuda", 0))
+    assert options == {"cuda_graphs": False, "batch_invariant": False}
+    assert words == ", cuda graphs off, batch invariant off"
+    assert gpu_options(defaults, torch.device("cuda", 0))[1] == ", cuda graphs on, batch invariant on"

@@ -5,7 +5,8 @@
 
 Parts, each in a subprocess with a hard timeout (one hang or CUDA error costs only its part):
   qwen1.5b   random weights with Qwen2.5-1.5B's shapes (built in memory, bf16): tokens/s at batch 1 and at
-             concurrency 32, speclm and transformers, with the memory-bandwidth limit; the time split of a step
+             concurrency 32, speclm (CUDA graphs; eager; eager with one GEMM per layer) and transformers,
+             with the memory-bandwidth limit; the time split of a step
   smollm135m the default 135M model when its GGUF is found (skipped otherwise): the same, and speculative
              (n-gram, Lookahead) against AR with tau on Spec-Bench prompts
   stories    stories260K (tests/data): speculative against AR with tau (a launch-bound toy; always there)
@@ -72,8 +73,9 @@ def word_tokenizer(vocab_size: int):
     return Tokenizer(backend, None, [], add_bos=False)
 
 
-def llm_from_model(model, tokenizer):
-    """An LLM over an already built model (LLM() loads from a path; the benchmark builds in memory)."""
+def llm_from_model(model, tokenizer, decode_graphs: str = "auto", batch_invariant: bool = True):
+    """An LLM over an already built model (LLM() loads from a path; the benchmark builds in memory). Its
+    runner sets the model's linear ops (batch-invariant or not): build it right before it runs."""
     from speclm.config import CacheConfig, WeightFormat
     from speclm.engine.model_runner import ModelRunner
     from speclm.llm import LLM
@@ -81,7 +83,8 @@ def llm_from_model(model, tokenizer):
 
     llm = object.__new__(LLM)
     llm.weights, llm.device, llm.model_path = WeightFormat("auto"), model.device, "in-memory"
-    llm.model, llm.tokenizer, llm.runner = model, tokenizer, ModelRunner(model)
+    llm.model, llm.tokenizer = model, tokenizer
+    llm.runner = ModelRunner(model, decode_graphs, batch_invariant)
     llm.proposers, llm.cache_config, llm._ids = ProposerFactory(model, llm.weights), CacheConfig(), itertools.count()
     llm.spec_max_batch = 8  # (LLM's default)
     llm._set_spec(None)
@@ -230,25 +233,45 @@ def bytes_per_token(llm, context: int, batch: int) -> float:
     return weights / batch + llm.runner.kv_bytes_per_token() * context
 
 
-def throughput_part(name: str, hf, llm, device: torch.device, tiny: bool) -> dict:
+def throughput_part(name: str, hf, llm, device: torch.device, tiny: bool, variant_llms=None) -> dict:
+    """Tokens/s at batch 1 and at concurrency 32 (4 when tiny) against transformers. `variant_llms(mode,
+    batch_invariant)` builds the same model's LLM with other runner settings (each right before it runs:
+    a runner sets the model's linear ops) for the rows without CUDA graphs and without batch invariance."""
     vocab = llm.model.config.vocab_size
     g = torch.Generator().manual_seed(1)
     prompt_len, new = (8, 8) if tiny else (32, 128)
     concurrency = 4 if tiny else 32
     prompts = torch.randint(1, vocab, (concurrency, prompt_len), generator=g).tolist()
-    speclm_run(llm, prompts[:2], 4)  # warm-up: Triton compiles, cuBLAS picks
-    hf_run(hf, prompts[:1], 2, device)
+    hf_run(hf, prompts[:1], 2, device)  # warm-up
     result = {"model": name, "params": sum(p.numel() for p in hf.parameters()), "prompt_len": prompt_len}
     gpu_name, bandwidth = card(device)
+    configs = {"speclm": ("auto", True)}
+    if variant_llms is not None:
+        configs.update(speclm_eager=("off", True), speclm_eager_one_gemm=("off", False))
     for label, batch in (("batch1", prompts[:1]), (f"concurrency{concurrency}", prompts)):
-        ours, theirs = speclm_run(llm, batch, new), hf_run(hf, batch, new, device)
-        row = {"speclm": ours, "transformers": theirs, "speedup": ours["tokens_per_s"] / theirs["tokens_per_s"]}
+        row = {"transformers": hf_run(hf, batch, new, device)}
+        for key, (mode, invariant) in configs.items():
+            run = llm if variant_llms is None else variant_llms(mode, invariant)
+            speclm_run(run, prompts[:2], 4)  # warm-up: Triton compiles, cuBLAS picks, the graph is captured
+            graphs = run.runner.decode_graphs(run.engine.cache)
+            before = graphs.steps if graphs is not None else 0
+            row[key] = speclm_run(run, batch, new)
+            row[key]["graph_steps"] = graphs.steps - before if graphs is not None else 0
+            row[key]["graph_failed"] = graphs.failed if graphs is not None else None
+        ours = row["speclm"]
+        row["speedup"] = ours["tokens_per_s"] / row["transformers"]["tokens_per_s"]
+        for key in configs:
+            row[key]["speedup_vs_graphs"] = row[key]["tokens_per_s"] / ours["tokens_per_s"]
         per_token = bytes_per_token(llm, prompt_len + new // 2, len(batch))
         row["bytes_per_token"] = per_token
         if bandwidth:
             row["bandwidth_limit_tokens_per_s"] = bandwidth / per_token
-            row["fraction_of_limit"] = ours["step_tokens_per_s"] / (bandwidth / per_token)
+            for key in configs:
+                row[key]["fraction_of_limit"] = row[key]["step_tokens_per_s"] / (bandwidth / per_token)
+            row["fraction_of_limit"] = ours["fraction_of_limit"]
         result[label] = row
+    if variant_llms is not None:
+        llm = variant_llms("auto", True)  # (the model's linear ops back to batch-invariant)
     result["host"] = host_costs(llm, device)
     return result
 
@@ -295,7 +318,12 @@ def default_model_file() -> str | None:
 def run_part(part: str, device: torch.device, tiny: bool) -> dict:
     if part == "qwen1.5b":
         hf, llm = random_pair(TINY if tiny else QWEN_1_5B, device)
-        return throughput_part("random Qwen2.5-1.5B shapes" + (" (tiny)" if tiny else ""), hf, llm, device, tiny)
+
+        def variant(mode: str, invariant: bool):
+            return llm_from_model(llm.model, llm.tokenizer, mode, invariant)
+
+        name = "random Qwen2.5-1.5B shapes" + (" (tiny)" if tiny else "")
+        return throughput_part(name, hf, llm, device, tiny, variant)
     if part == "smollm135m":
         path = default_model_file()
         if path is None:
@@ -319,7 +347,12 @@ def run_part(part: str, device: torch.device, tiny: bool) -> dict:
 
 
 SPEC_METHODS = ["ngram", "lookahead"]
-PARTS = {"qwen1.5b": 120, "smollm135m": 100, "stories": 30}  # hard timeouts, seconds
+ROW_NAMES = {
+    "speclm": "speclm (CUDA graphs, batch-invariant GEMMs)",
+    "speclm_eager": "speclm eager (no CUDA graphs)",
+    "speclm_eager_one_gemm": "speclm eager, one GEMM per layer (--no-cuda-graphs --no-batch-invariant)",
+}
+PARTS = {"qwen1.5b": 100, "smollm135m": 90, "stories": 30}  # hard timeouts, seconds (230 s in all: run_gpu.sh)
 
 
 # -- report -----------------------------------------------------------------------------------------
@@ -335,12 +368,20 @@ def markdown(report: dict) -> str:
             r = result[label]
             limit = r.get("bandwidth_limit_tokens_per_s")
             lines += [
-                f"- {result['model']}, {label}: speclm {r['speclm']['tokens_per_s']:.1f} tokens/s "
-                f"({r['speclm']['step_tokens_per_s']:.1f} in target passes), transformers "
-                f"{r['transformers']['tokens_per_s']:.1f} tokens/s, speedup {r['speedup']:.2f}x; bandwidth limit "
-                + (f"{limit:.0f} tokens/s ({100 * r['fraction_of_limit']:.0f}% reached)" if limit else "n/a")
-                + f"; step ms {json.dumps({k: round(v, 3) for k, v in r['speclm']['step_ms'].items()})}"
+                f"- {result['model']}, {label}: transformers {r['transformers']['tokens_per_s']:.1f} tokens/s; "
+                f"bandwidth limit " + (f"{limit:.0f} tokens/s" if limit else "n/a")
             ]
+            for key in [k for k in r if k.startswith("speclm")]:
+                x = r[key]
+                reached = f", {100 * x['fraction_of_limit']:.0f}% of the limit" if "fraction_of_limit" in x else ""
+                failed = f" (capture failed: {x['graph_failed']})" if x.get("graph_failed") else ""
+                lines.append(
+                    f"  - {ROW_NAMES.get(key, key)}: {x['tokens_per_s']:.1f} tokens/s ({x['step_tokens_per_s']:.1f} "
+                    f"in target passes{reached}), {x['tokens_per_s'] / r['transformers']['tokens_per_s']:.2f}x "
+                    f"transformers, {x.get('speedup_vs_graphs', 1.0):.2f}x CUDA graphs; graph steps "
+                    f"{x.get('graph_steps', 0)}{failed}"
+                    f"; step ms {json.dumps({k: round(v, 3) for k, v in x['step_ms'].items()})}"
+                )
         if "host" in result:
             lines.append(f"- host costs per step: {json.dumps({k: round(v, 4) for k, v in result['host'].items()})}")
         spec = result.get("speculative") or (result if "methods" in result else None)

@@ -54,6 +54,29 @@ def add_device_arg(g) -> None:
         help=f"where the model runs: {DEVICE_HELP}. On a GPU the weights are dense bf16 (--weights auto or bf16; "
         "fp16 where bf16 is missing) or fp32. Default auto",
     )
+    g.add_argument(
+        "--no-cuda-graphs",
+        action="store_true",
+        help="on a GPU, run every step eagerly (default: decode and verification steps replay CUDA graphs)",
+    )
+    g.add_argument(
+        "--no-batch-invariant",
+        action="store_true",
+        help="on a GPU, one GEMM per layer whatever the rows (faster prompts and big batches; bf16 speculative "
+        "greedy may then leave plain greedy at near-ties). Default: fixed row chunks, batch-invariant",
+    )
+
+
+def gpu_options(args: argparse.Namespace, device) -> tuple[dict, str]:
+    """LLM's GPU options from --no-cuda-graphs / --no-batch-invariant, and their words for the stage line."""
+    options = {
+        "cuda_graphs": not getattr(args, "no_cuda_graphs", False),
+        "batch_invariant": not getattr(args, "no_batch_invariant", False),
+    }
+    if device.type != "cuda":
+        return options, ""
+    words = ", ".join(f"{name.replace('_', ' ')} {'on' if on else 'off'}" for name, on in options.items())
+    return options, ", " + words
 
 
 def resolve_device_arg(args: argparse.Namespace):
@@ -177,8 +200,11 @@ def load_llm(args: argparse.Namespace, cache=None, spec_max_batch: int = 8):
         SpecConfig.parse(spec, getattr(args, "k", 4))
     t0 = time.perf_counter()
     model = args.model or "the default model"
+    options, words = gpu_options(args, device)
     print(
-        f"speclm: loading {model} (weights {args.weights}, device {describe(device)}) ...", file=sys.stderr, flush=True
+        f"speclm: loading {model} (weights {args.weights}, device {describe(device)}{words}) ...",
+        file=sys.stderr,
+        flush=True,
     )
     llm = LLM(
         model=args.model,
@@ -191,6 +217,7 @@ def load_llm(args: argparse.Namespace, cache=None, spec_max_batch: int = 8):
         cache=cache,
         spec_max_batch=spec_max_batch,
         device=str(device),
+        **options,
     )
     print(f"speclm: loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return llm

@@ -5,13 +5,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
 
+from speclm.engine.decode_graphs import DecodeGraphs
 from speclm.kv.paged_cache import PagedKVCache
 from speclm.kv.quantized import int8_bytes_per_token
 from speclm.models.attention import BatchEntry, PagedAttentionMetadata
+from speclm.models.linear import BATCH_INVARIANT_ROWS
 from speclm.models.llama import LlamaModel
 from speclm.sample.row_logits import RowLogits
 
@@ -20,11 +23,23 @@ log = logging.getLogger(__name__)
 
 class ModelRunner:
     """Runs the target model over the new tokens of a batch of sequences through a paged cache and
-    returns their logits and features."""
+    returns their logits and features.
 
-    def __init__(self, model: LlamaModel) -> None:
+    decode_graphs: "auto" replays decode and verification steps as CUDA graphs on a GPU (none on the
+    CPU), "off" never, "eager" runs those steps from the same fixed buffers without capture on any
+    device (the CPU tests of that path; engine/decode_graphs.py). batch_invariant: on a GPU, every
+    projection and the head run over fixed chunks of BATCH_INVARIANT_ROWS rows, so a row's logits do not
+    depend on the rows beside it (exact speculative greedy in bf16; models/linear.py row_chunked)."""
+
+    def __init__(self, model: LlamaModel, decode_graphs: str = "auto", batch_invariant: bool = True) -> None:
+        if decode_graphs not in ("auto", "off", "eager"):
+            raise ValueError(f"decode_graphs must be auto, off or eager, got {decode_graphs!r}")
         self.model = model
-        model.use_lean_ops()
+        on_gpu = model.device.type == "cuda"
+        model.use_lean_ops(gemm_rows=BATCH_INVARIANT_ROWS if batch_invariant and on_gpu else None)
+        self.batch_invariant = batch_invariant and on_gpu
+        self.graph_mode = {"auto": "graph" if on_gpu else None, "off": None, "eager": "eager"}[decode_graphs]
+        self._graphs: weakref.WeakKeyDictionary[PagedKVCache, DecodeGraphs] = weakref.WeakKeyDictionary()
         self.config = model.config
         self.slow_steps = SlowStepWatch()
         self.thread_watch = ThreadWatch()  # built where the model was loaded (LLM): that thread should run it
@@ -34,10 +49,22 @@ class ModelRunner:
         return self.config.max_position_embeddings
 
     def new_paged_cache(self, num_blocks: int, block_size: int, quantize: bool = False) -> PagedKVCache:
+        """A pool of `num_blocks` blocks for the block manager. With decode graphs it has one block more,
+        never handed out: padded rows of a static step write their keys there."""
         c, device = self.config, self.model.device
-        return PagedKVCache(
-            c.num_layers, c.num_kv_heads, c.head_dim, num_blocks, block_size, self.model.attn_dtype, device, quantize
-        )
+        spare = 1 if self.graph_mode and not quantize else 0
+        cache = PagedKVCache(
+            c.num_layers, c.num_kv_heads, c.head_dim, num_blocks + spare, block_size, self.model.attn_dtype, device,
+            quantize,
+        )  # fmt: skip
+        if spare:
+            pool = num_blocks * block_size
+            self._graphs[cache] = DecodeGraphs(self.model, pool, pool, self.graph_mode)
+        return cache
+
+    def decode_graphs(self, cache: PagedKVCache) -> DecodeGraphs | None:
+        """The static buffers and graphs of `cache` (None without decode graphs)."""
+        return self._graphs.get(cache)
 
     def kv_bytes_per_token(self, quantize: bool = False) -> int:
         c = self.config
@@ -56,6 +83,13 @@ class ModelRunner:
         """
         self.thread_watch.observe()
         t0 = time.perf_counter()
+        graphs = self._graphs.get(cache) if queries is None else None
+        static = graphs.run(cache, entries) if graphs is not None else None
+        if static is not None:  # a decode or verification step from the fixed buffers (a CUDA graph's replay)
+            logits, hidden = static
+            seconds = time.perf_counter() - t0
+            self.slow_steps.observe(len(hidden), seconds)
+            return logits, hidden, seconds
         device = cache.keys.device
         tokens = torch.tensor([t for e in entries for t in e.tokens], dtype=torch.long, device=device)
         positions = torch.tensor([p for e in entries for p in e.positions()], device=device)

@@ -1,6 +1,7 @@
 """Paged attention for rows that attend like decoding, in Triton (GPU; imported only for CUDA tensors, or
 by tests under TRITON_INTERPRET=1): one program per (query row, KV head) reads its keys and values where
-the slot table says they lie, with an online softmax in fp32. The interface and the result are
+the slot table says they lie (a sliding-window layer's row: its last `window` ones), with an online
+softmax in fp32. The interface and the result are
 speclm.models.gpu_attention.attend_rows_reference's.
 """
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+NO_WINDOW = 2**30  # (a window no row reaches)
 
 
 @triton.jit
@@ -30,6 +33,7 @@ def _paged_attention_kernel(
     stride_oh,
     stride_on,
     stride_t,
+    window,  # keys a row reads at most (its last ones): a sliding-window layer's; a huge number otherwise
     GROUP: tl.constexpr,  # query heads per KV head
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -54,7 +58,7 @@ def _paged_attention_kernel(
     total = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
     slots_of_row = table_ptr + table_row * stride_t
-    for start in range(0, length, BLOCK_N):
+    for start in range(tl.maximum(length - window, 0), length, BLOCK_N):
         offs = start + tl.arange(0, BLOCK_N)
         n_ok = offs < length
         slot = tl.load(slots_of_row + offs, mask=n_ok, other=0)
@@ -97,12 +101,16 @@ def paged_attention(
     table: torch.Tensor,  # [table rows, width] int64
     table_rows: torch.Tensor,  # [n] int64
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Row i attends to the keys at slots table[table_rows[i], :lengths[i]]; returns [heads, n, head_dim]
-    in q's dtype. No host synchronisation: the kernel reads each row's length itself."""
+    """Row i attends to the keys at slots table[table_rows[i], :lengths[i]] (with `window`, the last `window`
+    of them only); returns [heads, n, head_dim] in q's dtype. No host synchronisation: the kernel reads
+    each row's length itself."""
     heads, n, head_dim = q.shape
     kv = keys.shape[0]
-    out = torch.empty((heads, n, head_dim), dtype=q.dtype, device=q.device)
+    # [heads, n, head_dim] laid out as [n, heads, head_dim]: the caller's transpose to [n, heads * head_dim]
+    # for o_proj is then a view, not a copy
+    out = torch.empty((n, heads, head_dim), dtype=q.dtype, device=q.device).transpose(0, 1)
     if n == 0:
         return out
     assert heads % kv == 0 and q.stride(-1) == 1 and keys.stride(-1) == 1 and values.stride(-1) == 1
@@ -129,6 +137,7 @@ def paged_attention(
         out.stride(0),
         out.stride(1),
         table.stride(0),
+        NO_WINDOW if window is None else window,
         GROUP=group,
         GROUP_PAD=group_pad,
         HEAD_DIM=head_dim,

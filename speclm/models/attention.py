@@ -126,6 +126,11 @@ class AttentionMetadata:
     def end(self) -> int:
         return self.start + self.num_tokens
 
+    @property
+    def max_position(self) -> None:
+        """Unknown here: the caller's positions need not be start.. (a draft's tree)."""
+        return None
+
     def sdpa_mask(self) -> tuple[torch.Tensor | None, bool]:
         """(attn_mask, is_causal) arguments for scaled_dot_product_attention."""
         if self.mask is not None:
@@ -233,9 +238,12 @@ class PagedAttentionMetadata:
             )
             self.sequences.append((slots, local))
         self.num_tokens = len(self.slot_mapping)
+        # The largest rotary position of the step, known on the host (no read-back from a GPU).
+        self.max_position = max((e.start + len(e.tokens) - 1 for e in entries), default=0)
         self._pooled: DecodeRows | None = None
         self._windowed: dict[int, DecodeRows] = {}  # window -> pooled rows over their windows
         self._gpu_plan: GpuBatchPlan | None = None  # built by the first layer of a step on a GPU
+        self._completes = [e.num_logits > 0 for e in entries]  # (which chunks end with a row that has logits)
 
     def pooled(self) -> DecodeRows:
         """Every row as one DecodeRows over pool slots: one table row per causal sequence (shared by
@@ -269,11 +277,9 @@ class PagedAttentionMetadata:
         if self.queries is not None:
             self.queries.append(q)
         if isinstance(k_cache, torch.Tensor) and q.device.type == "cuda":  # prompts by SDPA, other rows in place
-            if window is not None:
-                raise ValueError("sliding-window attention (gemma3's local layers) does not run on CUDA yet")
             if self._gpu_plan is None:
-                self._gpu_plan = GpuBatchPlan(self.sequences, q.device)
-            return self._gpu_plan.attend(q, k_cache, v_cache, self.pooled)
+                self._gpu_plan = GpuBatchPlan(self.sequences, q.device, self._completes)
+            return self._gpu_plan.attend(q, k_cache, v_cache, self.pooled, window)
         if isinstance(k_cache, torch.Tensor):  # one call reads the pool
             if window is None:
                 return attend_like_decoding(q, k_cache, v_cache, self.pooled())
@@ -318,6 +324,15 @@ def rope_kernels(qkv: torch.Tensor, cos: torch.Tensor, k_cache) -> ModuleType | 
     return decode_kernels(qkv, qkv.dtype) if qkv.dtype in (torch.float32, torch.bfloat16) else None
 
 
+def gpu_rope_fits(qkv: torch.Tensor, cos: torch.Tensor, k_cache, head_dim: int) -> bool:
+    """Whether rope_write (speclm/kernels/triton_ops.py) takes this step: CUDA tensors of one dtype, a
+    tensor cache (not int8 slots), a power-of-two head_dim, no gradient wanted."""
+    if not qkv.is_cuda or not isinstance(k_cache, torch.Tensor) or qkv.requires_grad:
+        return False
+    same = qkv.dtype == cos.dtype == k_cache.dtype and qkv.dim() == 2 and qkv.stride(-1) == 1
+    return same and head_dim >= 2 and head_dim & (head_dim - 1) == 0
+
+
 def self_attention(
     x: torch.Tensor,  # [num_tokens, hidden]: the normed input
     qkv_proj: TensorFn,
@@ -340,6 +355,10 @@ def self_attention(
     kernels = rope_kernels(qkv, cos, k_cache)
     if kernels is not None:  # one call: rotate, write keys/values to their slots, return q
         q = kernels.rope_qkv(qkv, cos, sin, h, kv, k_cache, v_cache, meta.write_slots(qkv.device))
+    elif gpu_rope_fits(qkv, cos, k_cache, head_dim):  # the same in one Triton launch
+        from speclm.kernels.triton_ops import rope_write
+
+        q = rope_write(qkv, cos, sin, h, kv, k_cache, v_cache, meta.write_slots(qkv.device))
     else:
         if qkv.dtype != cos.dtype:
             qkv = qkv.to(cos.dtype)

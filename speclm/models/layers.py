@@ -22,7 +22,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Root-mean-square layer norm, computed in fp32 like the reference implementations; the result
     has the weight's dtype (bf16 weights give the bf16 activations the quantized formats compute in,
     without a separate cast). On the CPU, without gradients, speclm's kernel computes the same
-    (one call instead of six ops)."""
+    (one call instead of six ops); on a GPU a Triton kernel does (one launch, rows independent of each other)."""
+    if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1:
+        if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+            from speclm.kernels.triton_ops import rms_norm as gpu_rms_norm
+
+            return gpu_rms_norm(x, weight, eps)
     if x.dtype != torch.float32:  # checked in Python: a no-op .float() still costs a dispatch
         x = x.float()
     fits = x.dim() == 2 and x.stride(-1) == 1 and weight.dtype in _NORM_KERNEL_DTYPES
@@ -51,8 +56,12 @@ class RMSNorm(nn.Module):
 
 def swiglu(x: torch.Tensor, gate_up_proj: TensorFn, down_proj: TensorFn, intermediate_size: int) -> torch.Tensor:
     """SwiGLU feed-forward with a fused gate/up projection (silu and product in one kernel call for
-    bf16 and fp32 activations on the CPU)."""
+    bf16 and fp32 activations on the CPU, and on a GPU without gradients)."""
     gate_up = gate_up_proj(x)
+    if gate_up.is_cuda and gate_up.dim() == 2 and gate_up.stride(-1) == 1 and not gate_up.requires_grad:
+        from speclm.kernels.triton_ops import silu_mul
+
+        return down_proj(silu_mul(gate_up))
     fits = gate_up.dim() == 2 and gate_up.stride(-1) == 1 and gate_up.dtype in (torch.bfloat16, torch.float32)
     kernels = decode_kernels(gate_up, gate_up.dtype) if fits else None
     if kernels is not None:

@@ -48,3 +48,29 @@ def linear_op(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     if isinstance(module, OpModule):  # the quantized formats, GGUF-native and w8a8 layers
         return module.op()
     return module
+
+
+# Rows of every GEMM call on a GPU when linears are batch-invariant (row_chunked): decode (1 row),
+# verification (K + 1 rows) and decode at concurrency up to this many rows share one cuBLAS shape.
+BATCH_INVARIANT_ROWS = 32
+
+
+def row_chunked(linear: Callable[[torch.Tensor], torch.Tensor], rows: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`linear` made batch-invariant: it is only ever called on exactly `rows` rows (the input padded with
+    zero rows up to a multiple of `rows`, one call per chunk), so a row's result never depends on how many
+    rows share the pass. cuBLAS picks its GEMM kernel (tiles, split-K) by shape, and in bf16 a 1-row decode
+    and a K+1-row verification would otherwise round differently (a near-tie can flip a greedy token).
+    One fixed shape per layer keeps one kernel; the cost is the padding and one weight read per chunk."""
+
+    def op(x: torch.Tensor) -> torch.Tensor:
+        lead, n = x.shape[:-1], x.numel() // x.shape[-1]
+        flat = x.reshape(n, x.shape[-1])
+        if n == 0:
+            return linear(x)
+        if n % rows:
+            flat = F.pad(flat, (0, 0, 0, rows - n % rows))  # [multiple of rows, in]
+        chunks = [linear(flat[i : i + rows]) for i in range(0, flat.shape[0], rows)]
+        out = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+        return out[:n].reshape(*lead, out.shape[-1])
+
+    return op

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -9,10 +11,12 @@ from speclm.kv.cache import KVCache
 from speclm.models.attention import AttentionMetadata, PagedAttentionMetadata, TensorFn
 from speclm.models.config import ModelConfig
 from speclm.models.layers import DecoderLayer, LayerOps, RMSNorm, decoder_layer
-from speclm.models.linear import Linear, linear_op
+from speclm.models.linear import Linear, linear_op, row_chunked
 from speclm.models.native_decoder import native_decoder, native_rows
 from speclm.models.rope import RotaryEmbedding
 from speclm.models.variants import VariantOps, make_layers, variant_layer
+
+PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # the linear fields of LayerOps and VariantOps
 
 
 class LlamaModel(nn.Module):
@@ -67,15 +71,21 @@ class LlamaModel(nn.Module):
         c = self.config
         return KVCache(num_layers or c.num_layers, c.num_kv_heads, c.head_dim, capacity, self.attn_dtype, self.device)
 
-    def use_lean_ops(self, enabled: bool = True) -> None:
+    def use_lean_ops(self, enabled: bool = True, gemm_rows: int | None = None) -> None:
         """Run `forward` (inference) and `compute_logits` through closures over the layers' tensors
         instead of nn.Module calls: the same arithmetic, bit for bit, minus the dispatch. Modules
         replaced or hooked after this call are not seen until it is called again; `hidden_states`
         (training, calibration hooks) always goes through the modules. The engine turns this on. A model
         whose projections are all GGUF-native also gets a native decoder (speclm/models/native_decoder.py),
-        which runs a pass's layers in one C++ call where its rows attend like decoding."""
+        which runs a pass's layers in one C++ call where its rows attend like decoding. With `gemm_rows`
+        (a GPU's target model), every projection and the head run over fixed chunks of that many rows
+        (row_chunked: batch-invariant GEMMs)."""
         self.lean_ops = [layer.ops(lean=True) for layer in self.layers] if enabled else None
         self.head_op = linear_op(self.lm_head) if enabled else None
+        if enabled and gemm_rows:
+            chunk = functools.partial(row_chunked, rows=gemm_rows)
+            self.lean_ops = [ops._replace(**{f: chunk(getattr(ops, f)) for f in PROJECTIONS}) for ops in self.lean_ops]
+            self.head_op = chunk(self.head_op)
         # (A model on a GPU has dense layers only: the CPU kernels are not even loaded for it.)
         self.native_decoder = native_decoder(self.layers) if enabled and self.device.type == "cpu" else None
 
@@ -107,10 +117,10 @@ class LlamaModel(nn.Module):
         x = self.embed_tokens(tokens)
         if self.config.embedding_scale != 1.0:  # gemma: in the embedding's dtype, as transformers
             x = x * torch.tensor(self.config.embedding_scale, dtype=x.dtype)
-        cos, sin = (t.to(self.attn_dtype) for t in self.rotary(positions))
+        cos, sin = (t.to(self.attn_dtype) for t in self.rotary(positions, meta.max_position))
         local = None
         if self.local_rotary is not None:
-            local = tuple(t.to(self.attn_dtype) for t in self.local_rotary(positions))
+            local = tuple(t.to(self.attn_dtype) for t in self.local_rotary(positions, meta.max_position))
         native = self.native_decoder if ops is self.lean_ops else None  # (None unless lean ops are on)
         rows = native_rows(cache, meta, x) if native is not None else None
         if rows is not None:
@@ -137,10 +147,21 @@ class LlamaModel(nn.Module):
         """Logits [len(indices), vocab] for the selected rows of `hidden` (all rows if None), fp32."""
         if indices is not None:
             hidden = hidden[indices]
+        logits = self.device_logits(hidden)
+        # On a GPU the logits come to the host, where sampling, the rejection sampler and the proposers
+        # draw with the requests' CPU generators: one copy per pass, the step's one synchronisation.
+        return logits if logits.device.type == "cpu" else logits.cpu()
+
+    def device_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [rows, vocab] fp32 of every row of `hidden`, where hidden lies (a CUDA graph's last op)."""
         logits = (self.head_op or self.lm_head)(hidden).float()
         cap = self.config.final_logit_softcapping
         if cap:
             logits = torch.tanh(logits / cap) * cap
-        # On a GPU the logits come to the host, where sampling, the rejection sampler and the proposers
-        # draw with the requests' CPU generators: one copy per pass, the step's one synchronisation.
-        return logits if logits.device.type == "cpu" else logits.cpu()
+        return logits
+
+    def reserve_positions(self, length: int) -> None:
+        """Rotary tables for positions below `length` now (a CUDA graph reads them where they lie)."""
+        for rotary in (self.rotary, self.local_rotary):
+            if rotary is not None:
+                rotary.reserve(length)

@@ -104,12 +104,16 @@ class RotaryEmbedding(nn.Module):
         sin, half = emb.sin() * self.attention_scaling, emb.shape[-1] // 2
         self.signed_sin_table = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # see apply_rope
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin (see apply_rope) for each position: [num_tokens, rotary_dim] each."""
-        needed = int(positions.max()) + 1
-        if needed > self.cos_table.shape[0]:
-            self._grow(max(needed, 2 * self.cos_table.shape[0]))
+    def forward(self, positions: torch.Tensor, max_position: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin (see apply_rope) for each position: [num_tokens, rotary_dim] each. `max_position`,
+        when the caller knows it, spares reading positions' maximum back from the device (a sync on a GPU)."""
+        self.reserve((int(positions.max()) if max_position is None else max_position) + 1)
         return self.cos_table[positions], self.signed_sin_table[positions]
+
+    def reserve(self, length: int) -> None:
+        """Tables for positions 0..length-1 at least (they move when they grow: CUDA graphs hold their address)."""
+        if length > self.cos_table.shape[0]:
+            self._grow(max(length, 2 * self.cos_table.shape[0]))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

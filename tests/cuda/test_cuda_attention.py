@@ -53,3 +53,44 @@ def test_gpu_paged_step_matches_the_cpu_attention():
     got = gpu_meta.attend_cached(q.to(DEVICE), keys.to(DEVICE), values.to(DEVICE))
     torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
     assert HEAD_DIM == q.shape[-1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_norm_and_swiglu_match_torch_and_keep_rows_independent(dtype):
+    import torch.nn.functional as F
+
+    from speclm.kernels.triton_ops import rms_norm, silu_mul
+
+    g = torch.Generator().manual_seed(0)
+    x = (3 * torch.randn(33, 1536, generator=g)).to(dtype).to(DEVICE)
+    w = torch.randn(1536, generator=g).to(dtype).to(DEVICE)
+    normed = torch.rms_norm(x.float(), (1536,), eps=1e-6)
+    expected = w * (normed if dtype == torch.float32 else normed.to(dtype))
+    got = rms_norm(x, w, 1e-6)
+    torch.testing.assert_close(got.float(), expected.float(), atol=TOL[dtype], rtol=TOL[dtype])
+    assert torch.equal(rms_norm(x[5:6], w, 1e-6), got[5:6])
+    gate_up = (2 * torch.randn(33, 2 * 8960, generator=g)).to(dtype).to(DEVICE)
+    gate, up = gate_up.split(8960, dim=-1)
+    got = silu_mul(gate_up)
+    torch.testing.assert_close(got.float(), (F.silu(gate) * up).float(), atol=TOL[dtype], rtol=TOL[dtype])
+    assert torch.equal(silu_mul(gate_up[7:8]), got[7:8])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_rope_write_matches_the_unfused_ops(dtype):
+    from speclm.kernels.triton_ops import rope_write
+    from speclm.models.rope import apply_rope
+
+    g = torch.Generator().manual_seed(1)
+    heads, kv, d, n, pool = 12, 2, 128, 9, 500
+    qkv = torch.randn(n, (heads + 2 * kv) * d, generator=g).to(dtype).to(DEVICE)
+    cos, sin = (torch.randn(n, d, generator=g).to(dtype).to(DEVICE) for _ in range(2))
+    slots = torch.randperm(pool, generator=g)[:n].to(DEVICE)
+    k_cache, v_cache = (torch.randn(kv, pool, d, generator=g).to(dtype).to(DEVICE) for _ in range(2))
+    k_expected, v_expected = k_cache.clone(), v_cache.clone()
+    view = qkv.view(n, heads + 2 * kv, d).transpose(0, 1)
+    qk = apply_rope(view[: heads + kv], cos, sin)
+    k_expected[:, slots], v_expected[:, slots] = qk[heads:], view[heads + kv :]
+    q = rope_write(qkv, cos, sin, heads, kv, k_cache, v_cache, slots)
+    for got, expected in ((q, qk[:heads]), (k_cache, k_expected), (v_cache, v_expected)):
+        torch.testing.assert_close(got, expected, atol=TOL[dtype], rtol=TOL[dtype])

@@ -73,15 +73,19 @@ def test_gpu_step_plan_sends_whole_prompts_to_sdpa_and_the_rest_to_the_kernel(mo
     expected = meta.attend_cached(q, keys, values)
     calls = []
 
-    def reference(q, keys, values, lengths, table, table_rows, scale):
+    def reference(q, keys, values, lengths, table, table_rows, scale, window=None):
         calls.append(len(lengths))
-        return attend_rows_reference(q, keys, values, lengths, table, table_rows, scale)
+        return attend_rows_reference(q, keys, values, lengths, table, table_rows, scale, window)
 
     monkeypatch.setattr(gpu_attention, "attend_rows", reference)
-    plan = GpuBatchPlan(meta.sequences, q.device)
-    assert [(first, n) for first, n, _ in plan.prefill] == [(0, 7)]
+    plan = GpuBatchPlan(meta.sequences, q.device, meta._completes)
+    # the prompt's rows by SDPA but its last (it completes the prompt: a speculating sequence runs that
+    # token as a decode row, so plain decoding computes it as one too)
+    assert [(first, n) for first, n, _ in plan.prefill] == [(0, 6)]
     got = plan.attend(q, keys, values, meta.pooled)
-    assert calls == [meta.num_tokens - 7]  # one kernel call for all the other rows
+    assert calls == [meta.num_tokens - 6]  # one kernel call for all the other rows
+    # a prompt chunk that does not complete its prompt runs whole by SDPA
+    assert [(f, n) for f, n, _ in GpuBatchPlan(meta.sequences, q.device, [False] * 5).prefill] == [(0, 7)]
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
 
 
@@ -94,3 +98,21 @@ def test_reference_in_half_precision_stays_near_fp32(dtype):
     half = attend_rows_reference(q.to(dtype), keys.to(dtype), values.to(dtype), *args)
     assert half.dtype == dtype
     torch.testing.assert_close(half.float(), full, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("window", [3, 6, 100])
+def test_windowed_reference_and_step_plan_equal_the_cpu_windowed_attention(window, monkeypatch):
+    """A sliding-window layer: the reference (the kernel's interface) and the GPU step plan (a prompt by
+    SDPA with a banded mask, the other rows by the kernel with its window) against the CPU's windowed rows."""
+    meta, q, keys, values = random_step()
+    expected = meta.attend_cached(q, keys, values, window)
+    rows = meta.pooled()
+    got = attend_rows_reference(q, keys, values, rows.lengths, rows.slots, rows.slot_rows, HEAD_DIM**-0.5, window)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+
+    def reference(q, keys, values, lengths, table, table_rows, scale, window=None):
+        return attend_rows_reference(q, keys, values, lengths, table, table_rows, scale, window)
+
+    monkeypatch.setattr(gpu_attention, "attend_rows", reference)
+    plan = GpuBatchPlan(meta.sequences, q.device, meta._completes)
+    torch.testing.assert_close(plan.attend(q, keys, values, meta.pooled, window), expected, atol=2e-5, rtol=1e-5)

@@ -1,0 +1,184 @@
+"""Decode and verification steps from fixed buffers, replayed as CUDA graphs.
+
+A step whose rows all attend like decoding and all need logits (plain decoding, verification chains, small
+token trees: no prompt chunk) is laid out on the host as rows (token, position, write slot, length, table
+row) plus a slot table, padded to a bucket of BUCKETS rows, and copied into fixed device buffers in one
+transfer. A bucket's pass (layers, head) is captured in a CUDA graph on its first use, after
+one warm-up pass, and replayed after that: one launch instead of a few hundred, and no host
+synchronisation until the logits are read. Padded rows write their keys to a scratch slot (a block the
+block manager never hands out) and read one key, so they never change a real row.
+
+The same layout runs without capture on any device (mode "eager"): the CPU tests check it against the
+eager path, so on a GPU only the capture and the replay are new. Other steps (prompts, mixed steps, rows
+past MAX_ROWS, eviction's queries) take the eager path.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from speclm.models.attention import BatchEntry
+from speclm.models.linear import BATCH_INVARIANT_ROWS
+from speclm.models.llama import LlamaModel
+from speclm.models.static_rows import StaticRowsMetadata
+
+log = logging.getLogger(__name__)
+
+# Rows per captured pass: whole GEMM chunks (row_chunked pads every projection to them anyway, so a smaller
+# pass would only add a padding copy per projection); the second bucket takes 8 chains of K + 1 = 5 rows.
+BUCKETS = (BATCH_INVARIANT_ROWS, 2 * BATCH_INVARIANT_ROWS)
+MAX_ROWS = BUCKETS[-1]
+FIELDS = 5  # tokens, positions, write slots, lengths, table rows
+
+
+@dataclass
+class StepRows:
+    """One step's rows on the host, padded to `bucket` rows: FIELDS vectors, then the slot table's real
+    rows (`table_count` of them, `width` wide), flat."""
+
+    num_rows: int
+    bucket: int
+    table_count: int
+    width: int  # the table's columns this step (its longest row)
+    max_position: int
+    flat: list[int]  # FIELDS * bucket vector values, then table_count * width table entries
+
+
+def step_rows(entries: list[BatchEntry], scratch: int, max_width: int, max_positions: int) -> StepRows | None:
+    """The rows of a step that a static pass can run, or None (a prompt chunk, rows without logits, too many
+    rows, a row longer than the table, a position past the model's). A chain's rows share its sequence's
+    table row; a tree row has its own (the prefix, then its path), as PagedAttentionMetadata.pooled has them."""
+    tokens, positions, writes, lengths, table_rows, table = [], [], [], [], [], []
+    for e in entries:
+        n, total = len(e.tokens), len(e.slots)
+        if e.num_logits != n or (e.row_paths is None and n > 1 and n == total):  # (a whole prompt: SDPA's)
+            return None
+        first = total - n
+        tokens += e.tokens
+        positions += e.positions()
+        writes += e.slots[first:]
+        if e.row_paths is None:
+            lengths += range(first + 1, total + 1)
+            table_rows += [len(table)] * n
+            table.append(e.slots)
+        else:
+            for path in e.row_paths:
+                lengths.append(first + len(path))
+                table_rows.append(len(table))
+                table.append(e.slots[:first] + [e.slots[first + r] for r in path])
+    n = len(tokens)
+    bucket = next((b for b in BUCKETS if b >= n), None)
+    width = max((len(t) for t in table), default=1)
+    if n == 0 or bucket is None or width > max_width or max(positions) >= max_positions:
+        return None
+    pad = bucket - n
+    vectors = [tokens, positions, writes, lengths, table_rows]
+    # A padded row writes the scratch slot and reads one key: the first slot of table row 0 (any valid
+    # slot would do, its result is dropped), so table rows past the real ones are never read.
+    padding = [[0] * pad, [0] * pad, [scratch] * pad, [1] * pad, [0] * pad]
+    flat = [x for v, p in zip(vectors, padding) for x in v + p]
+    for t in table:
+        flat += t + [scratch] * (width - len(t))
+    return StepRows(n, bucket, len(table), width, max(positions), flat)
+
+
+@dataclass
+class Captured:
+    graph: object  # torch.cuda.CUDAGraph
+    hidden: torch.Tensor  # [bucket, hidden]: the graph's outputs, rewritten by every replay
+    logits: torch.Tensor  # [bucket, vocab] fp32
+    rotary: int  # the rotary table's address at capture (a grown table moves: the graph is then stale)
+
+
+class DecodeGraphs:
+    """The static buffers of one KV pool and the graphs captured over them (one per bucket). mode "graph"
+    captures and replays (CUDA), "eager" runs the same buffers without capture (any device)."""
+
+    def __init__(self, model: LlamaModel, pool_slots: int, scratch: int, mode: str) -> None:
+        assert mode in ("graph", "eager"), mode
+        self.model, self.scratch, self.mode = model, scratch, mode
+        device = model.device
+        self.positions = model.config.max_position_embeddings  # positions a pass may hold
+        self.width = min(pool_slots, self.positions)  # a sequence's slots at most
+        self.vectors = torch.zeros(FIELDS, MAX_ROWS, dtype=torch.long, device=device)
+        self.table = torch.full((MAX_ROWS, self.width), scratch, dtype=torch.long, device=device)
+        size = FIELDS * MAX_ROWS + MAX_ROWS * self.width
+        self.staging = torch.empty(size, dtype=torch.long, device=device) if device.type == "cuda" else None
+        self.host = torch.empty(size, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.graphs: dict[int, Captured] = {}
+        self.steps = 0  # steps run from the static buffers (the tests and the benchmark read these)
+        self.captures = 0
+        self.failed: str | None = None  # why capturing failed once (the runner then stays eager)
+
+    @torch.inference_mode()
+    def run(self, cache, entries: list[BatchEntry]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(logits [rows, vocab] on the host, hidden [rows, hidden]) of the step, or None when the static
+        pass does not cover it (the caller runs the eager path)."""
+        if self.failed is not None:
+            return None
+        rows = step_rows(entries, self.scratch, self.width, self.positions)
+        if rows is None:
+            return None
+        self.model.reserve_positions(rows.max_position + 1)  # (a grown table moves: its graphs are captured again)
+        self._load(rows)
+        if self.mode == "eager":
+            hidden, logits = self._pass(cache, rows.bucket, rows.max_position)
+        else:
+            captured = self._graph(cache, rows.bucket, rows.max_position)
+            if captured is None:
+                return None
+            captured.graph.replay()
+            hidden, logits = captured.hidden, captured.logits
+        self.steps += 1
+        n = rows.num_rows
+        return logits[:n].cpu(), hidden[:n].clone()  # (the copy to the host: the step's one synchronisation)
+
+    def _load(self, rows: StepRows) -> None:
+        """The step's rows into the fixed buffers: one host-to-device copy, then two on the device."""
+        b, t, w, size = rows.bucket, rows.table_count, rows.width, len(rows.flat)
+        host = self.host[:size]
+        host.copy_(torch.tensor(rows.flat, dtype=torch.long))
+        source = host if self.staging is None else self.staging[:size].copy_(host, non_blocking=True)
+        self.vectors[:, :b].copy_(source[: FIELDS * b].view(FIELDS, b))
+        self.table[:t, :w].copy_(source[FIELDS * b :].view(t, w))
+
+    def _pass(self, cache, bucket: int, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward and the head over the first `bucket` rows of the buffers."""
+        v = self.vectors[:, :bucket]
+        meta = StaticRowsMetadata(v[2], v[3], self.table[:bucket], v[4], max_position)
+        hidden = self.model(v[0], v[1], cache, meta)
+        return hidden, self.model.device_logits(hidden)
+
+    def _graph(self, cache, bucket: int, max_position: int) -> Captured | None:
+        """The bucket's graph, captured now if it is new (or its rotary table moved)."""
+        captured = self.graphs.get(bucket)
+        if captured is not None and captured.rotary == self.model.rotary.cos_table.data_ptr():
+            return captured
+        try:
+            captured = self._capture(cache, bucket, max_position)
+        except Exception as e:  # (the eager path computes the same rows; say so once and stay there)
+            self.failed = f"{type(e).__name__}: {e}"
+            log.warning("speclm: capturing a CUDA graph failed; decoding stays eager: %s", self.failed)
+            return None
+        self.graphs[bucket] = captured
+        self.captures += 1
+        return captured
+
+    def _capture(self, cache, bucket: int, max_position: int) -> Captured:
+        """Warm up on a side stream (Triton compiles, cuBLAS picks and allocates outside the capture), then
+        capture the pass. Its inputs are the step's own rows: the warm-up writes the same keys the replay does.
+        (max_position only lets the rotary lookup skip its read-back; the tables already cover it.)"""
+        device = self.model.device
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            self._pass(cache, bucket, max_position)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: another thread's CUDA calls (a server's) neither break this capture nor get captured
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            hidden, logits = self._pass(cache, bucket, max_position)
+        return Captured(graph, hidden, logits, self.model.rotary.cos_table.data_ptr())

@@ -1,0 +1,146 @@
+"""The CUDA-graph step's static rows (engine/decode_graphs.py), run without capture on the CPU: their
+layout matches the eager path's rows, padded rows never reach real ones, the logits are the eager path's
+bit for bit, and generation (plain, chains, trees) returns the same tokens. On a GPU only the capture and
+the replay differ (tests/cuda/test_cuda_graphs.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from speclm import SamplingParams
+from speclm.engine.decode_graphs import BUCKETS, FIELDS, MAX_ROWS, step_rows
+from speclm.engine.model_runner import ModelRunner
+from speclm.models.attention import BatchEntry, PagedAttentionMetadata
+from speclm.models.linear import row_chunked
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SCRATCH = 999
+
+
+def entries() -> list[BatchEntry]:
+    """A decode row, a verification chain and a token tree over scattered slots."""
+    return [
+        BatchEntry(tokens=[5], start=3, slots=[40, 41, 7, 9], num_logits=1),
+        BatchEntry(tokens=[1, 2, 3], start=4, slots=[60, 61, 62, 63, 20, 21, 22], num_logits=3),
+        BatchEntry(
+            tokens=[4, 6, 8], start=2, slots=[80, 81, 82, 83, 84], num_logits=3, row_paths=[[0], [0, 1], [0, 2]]
+        ),
+    ]
+
+
+def unpack(rows):
+    b, w = rows.bucket, rows.width
+    flat = torch.tensor(rows.flat)
+    vectors = flat[: FIELDS * b].view(FIELDS, b)
+    return vectors, flat[FIELDS * b :].view(rows.table_count, w)
+
+
+def test_static_rows_read_the_slots_the_eager_rows_read():
+    rows = step_rows(entries(), SCRATCH, 64, 100)
+    assert (rows.num_rows, rows.bucket, rows.max_position) == (7, BUCKETS[0], 6)
+    (tokens, positions, writes, lengths, table_rows), table = unpack(rows)
+    meta = PagedAttentionMetadata(entries())
+    pooled = meta.pooled()
+    assert tokens[:7].tolist() == [5, 1, 2, 3, 4, 6, 8]
+    assert positions[:7].tolist() == [3, 4, 5, 6, 2, 3, 3]  # tree rows at start + depth
+    assert torch.equal(writes[:7], meta.slot_mapping)
+    assert torch.equal(lengths[:7], pooled.lengths)
+    for i in range(7):  # row i reads the same pool slots, in the same order
+        n = int(lengths[i])
+        assert table[table_rows[i], :n].tolist() == pooled.slots[pooled.slot_rows[i], :n].tolist()
+    # the padded rows write the scratch slot and read one valid key (row 0's first)
+    assert set(tokens[7:].tolist()) == {0} and set(lengths[7:].tolist()) == {1}
+    assert set(writes[7:].tolist()) == {SCRATCH} and set(table_rows[7:].tolist()) == {0}
+    assert rows.table_count == 5  # the decode row's, the chain's, and one per tree row
+
+
+def test_static_rows_refuse_what_the_eager_path_must_run():
+    prompt = BatchEntry(tokens=[1, 2, 3], start=0, slots=[0, 1, 2], num_logits=1)
+    chunk = BatchEntry(tokens=[1, 2], start=5, slots=list(range(7)), num_logits=1)
+    lazy_tree = BatchEntry(tokens=[1, 2], start=5, slots=list(range(7)), num_logits=0, row_paths=[[0], [0, 1]])
+    for refused in (prompt, chunk, lazy_tree):
+        assert step_rows([entries()[0], refused], SCRATCH, 64, 100) is None
+    decode = [BatchEntry(tokens=[1], start=3, slots=[4 * i + j for j in range(4)], num_logits=1) for i in range(99)]
+    assert step_rows(decode[: MAX_ROWS + 1], SCRATCH, 64, 100) is None  # too many rows
+    assert step_rows(decode[:3], SCRATCH, 3, 100) is None  # a row longer than the table
+    assert step_rows(decode[:3], SCRATCH, 64, 3) is None  # a position past the model's
+    assert step_rows(decode[:3], SCRATCH, 64, 100).bucket == BUCKETS[0]
+    assert step_rows(decode[: BUCKETS[0] + 1], SCRATCH, 64, 100).bucket == BUCKETS[1]
+
+
+def test_row_chunked_calls_its_linear_on_fixed_rows_only():
+    calls = []
+    weight = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
+
+    def linear(x):
+        calls.append(tuple(x.shape))
+        return x @ weight.T
+
+    op = row_chunked(linear, 4)
+    for n in (1, 3, 4, 5, 9):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(op(x), x @ weight.T)
+    assert set(calls) == {(4, 3)}
+    assert op(torch.randn(2, 2, 3)).shape == (2, 2, 5)
+
+
+@pytest.fixture(scope="module")
+def static_llm(stories_llm):
+    """stories260K with the static-row step on (eager: no capture on the CPU)."""
+    llm = stories_llm.with_engine()
+    llm.runner = ModelRunner(llm.model, decode_graphs="eager")
+    llm._set_spec(None)
+    return llm
+
+
+def graphs_of(llm):
+    return llm.runner.decode_graphs(llm.engine.cache)
+
+
+def test_static_step_logits_equal_the_eager_step_bit_for_bit(stories_llm, static_llm):
+    cache = static_llm.engine.cache
+    eager_runner = ModelRunner(stories_llm.model, decode_graphs="off")
+    g = torch.Generator().manual_seed(0)
+    cache.keys.copy_(torch.randn(cache.keys.shape, generator=g))
+    cache.values.copy_(torch.randn(cache.values.shape, generator=g))
+    steps = [entries(), entries()[:1], entries()[1:2]]
+    for step in steps:
+        logits, hidden, _ = static_llm.runner.forward_batch(cache, step)
+        expected, expected_hidden, _ = eager_runner.forward_batch(cache, step)
+        assert torch.equal(logits, expected) and torch.equal(hidden, expected_hidden)
+    assert graphs_of(static_llm).steps == len(steps)
+
+
+PROMPTS = ["Once upon a time", "Tom had a red ball. Tom had a red ball. Tom", "The cat sat on the"]
+GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
+
+
+@pytest.mark.parametrize("spec", [None, "ngram", "lookahead:3,2,2"])
+def test_static_steps_generate_the_eager_tokens(stories_llm, static_llm, spec):
+    expected = [o.token_ids for o in stories_llm.with_spec(spec, 4, adaptive=False).generate(PROMPTS, GREEDY)]
+    llm = static_llm.with_spec(spec, 4, adaptive=False)
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
+    assert graphs_of(llm).steps > 0
+
+
+def test_static_steps_of_a_sliding_window_model_generate_the_eager_tokens(tmp_path):
+    """gemma3's local layers (window 8, passed by the prompt and the tokens after it) from static rows."""
+    transformers = pytest.importorskip("transformers")
+    from speclm import LLM
+    from tests.models.hf_tiny import tiny_hf_model
+    from tests.models.test_families import GEMMA3, _word_tokenizer
+
+    hf_model = tiny_hf_model(transformers.Gemma3TextConfig, **GEMMA3)
+    hf_model.save_pretrained(tmp_path)
+    _word_tokenizer(tmp_path, hf_model.config.vocab_size)
+    llm = LLM(str(tmp_path), tokenizer=str(tmp_path), weights="fp32", threads=1)
+    prompts = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], [3, 4, 5]]
+    for spec in (None, "ngram"):
+        expected = [o.token_ids for o in llm.with_spec(spec, 4, adaptive=False).generate(prompts, GREEDY)]
+        static = llm.with_spec(spec, 4, adaptive=False)
+        static.runner = ModelRunner(static.model, decode_graphs="eager")
+        static._set_spec(static.spec)
+        assert [o.token_ids for o in static.generate(prompts, GREEDY)] == expected
+        assert graphs_of(static).steps > 0
