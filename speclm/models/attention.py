@@ -326,11 +326,11 @@ def rope_kernels(qkv: torch.Tensor, cos: torch.Tensor, k_cache) -> ModuleType | 
 
 def gpu_rope_fits(qkv: torch.Tensor, cos: torch.Tensor, k_cache, head_dim: int) -> bool:
     """Whether rope_write (speclm/kernels/triton_ops.py) takes this step: CUDA tensors of one dtype, a
-    tensor cache (not int8 slots), a power-of-two head_dim, no gradient wanted."""
+    tensor cache (not int8 slots), a power-of-two head_dim turned whole (no partial rotary), no gradient wanted."""
     if not qkv.is_cuda or not isinstance(k_cache, torch.Tensor) or qkv.requires_grad:
         return False
     same = qkv.dtype == cos.dtype == k_cache.dtype and qkv.dim() == 2 and qkv.stride(-1) == 1
-    return same and head_dim >= 2 and head_dim & (head_dim - 1) == 0
+    return same and cos.shape[-1] == head_dim and head_dim >= 2 and head_dim & (head_dim - 1) == 0
 
 
 def self_attention(

@@ -1,4 +1,4 @@
-"""Greedy output on the GPU equals the CPU's fp32 path (stories260K, random llama and qwen2 checkpoints),
+"""Greedy output on the GPU equals the CPU's fp32 path (stories260K, a random checkpoint of each family),
 and the GPU forward matches transformers on the same GPU."""
 
 from __future__ import annotations
@@ -58,13 +58,46 @@ def decode_logits(model, ids: list[int], prompt: int) -> torch.Tensor:
     return torch.cat(out)
 
 
-@pytest.fixture(scope="module", params=["LlamaConfig", "Qwen2Config"])
+# Each family with its quirks on (head_dim 32, a power of two as in the real models, != hidden / heads):
+# gemma3's window of 8 is passed by the 40-token runs; phi3 as Phi-4-mini (12 of 16 dims turn, LongRoPE's
+# long factors past an original context of 16, tied embeddings).
+GEMMA3 = dict(
+    head_dim=32,
+    sliding_window=8,
+    query_pre_attn_scalar=20,
+    num_hidden_layers=3,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+)
+PHI4_MINI = dict(
+    original_max_position_embeddings=16,
+    partial_rotary_factor=0.75,
+    rope_scaling={
+        "rope_type": "longrope",
+        "short_factor": [1.0 + 0.1 * i for i in range(6)],
+        "long_factor": [1.5 + 0.7 * i for i in range(6)],
+    },
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=None,
+)
+FAMILIES = {
+    "llama": ("LlamaConfig", {}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {"head_dim": 32}),
+    "gemma3": ("Gemma3TextConfig", GEMMA3),
+    "phi3": ("Phi3Config", PHI4_MINI),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
 def tiny_dir(request, tmp_path_factory):
     """A random checkpoint of each family, vocabulary 512 so stories260K's tokenizer serves it."""
     transformers = pytest.importorskip("transformers")
     from tests.models.hf_tiny import tiny_hf_model
 
-    model = tiny_hf_model(getattr(transformers, request.param), seed=3, vocab_size=512)
+    config, overrides = FAMILIES[request.param]
+    model = tiny_hf_model(getattr(transformers, config), seed=3, **overrides, vocab_size=512)
     path = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(path, safe_serialization=True)
     return str(path), model
