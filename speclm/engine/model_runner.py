@@ -29,7 +29,9 @@ class ModelRunner:
     CPU), "off" never, "eager" runs those steps from the same fixed buffers without capture on any
     device (the CPU tests of that path; engine/decode_graphs.py). batch_invariant: on a GPU, every
     projection and the head run over fixed chunks of BATCH_INVARIANT_ROWS rows, so a row's logits do not
-    depend on the rows beside it (exact speculative greedy in bf16; models/linear.py row_chunked)."""
+    depend on the rows beside it (exact speculative greedy in bf16; models/linear.py row_chunked), and
+    prompt rows attend through the paged kernel like every other row, not through one fused SDPA call
+    (PagedAttentionMetadata.prompt_sdpa: a prefix-cache hit then leaves the output unchanged)."""
 
     def __init__(self, model: LlamaModel, decode_graphs: str = "auto", batch_invariant: bool = True) -> None:
         if decode_graphs not in ("auto", "off", "eager"):
@@ -97,7 +99,12 @@ class ModelRunner:
         for e in entries:
             offset += len(e.tokens)
             rows.extend(range(offset - e.num_logits, offset))
-        hidden = self.model(tokens, positions, cache, PagedAttentionMetadata(entries, device, queries))
+        hidden = self.model(
+            tokens,
+            positions,
+            cache,
+            PagedAttentionMetadata(entries, device, queries, prompt_sdpa=not self.batch_invariant),
+        )
         logits = self.model.compute_logits(hidden, rows) if rows else torch.zeros(0, self.config.vocab_size)
         seconds = time.perf_counter() - t0
         self.slow_steps.observe(len(tokens), seconds)

@@ -218,11 +218,21 @@ class PagedAttentionMetadata:
     plain decoding for that token. So a row's result does not depend on what else shares the step,
     on how its prompt was chunked, on which blocks came from the prefix cache, or on whether it is
     recomputed after a preemption: a request's output is the same under any load.
+
+    On a GPU, `prompt_sdpa` lets a prompt that starts its sequence run as one fused SDPA call instead
+    (faster prefill), at the cost of that promise in half precision: the same row computed by SDPA and by
+    the paged kernel rounds differently, so a prefix-cache hit (its prompt's tail rows then go through the
+    kernel) could change a greedy token. The model runner turns it on only where batch invariance is off.
     """
 
     def __init__(
-        self, entries: list[BatchEntry], device: torch.device | str = "cpu", queries: list[torch.Tensor] | None = None
+        self,
+        entries: list[BatchEntry],
+        device: torch.device | str = "cpu",
+        queries: list[torch.Tensor] | None = None,
+        prompt_sdpa: bool = False,
     ) -> None:
+        self.prompt_sdpa = prompt_sdpa
         self.queries = queries  # when a list: each layer appends its rotated queries (H2O, SnapKV read them)
         self.slot_mapping = torch.tensor(
             [s for e in entries for s in e.slots[len(e.slots) - len(e.tokens) :]], dtype=torch.long, device=device
@@ -276,9 +286,9 @@ class PagedAttentionMetadata:
         with `window`, each row over its last `window` keys (itself included)."""
         if self.queries is not None:
             self.queries.append(q)
-        if isinstance(k_cache, torch.Tensor) and q.device.type == "cuda":  # prompts by SDPA, other rows in place
+        if isinstance(k_cache, torch.Tensor) and q.device.type == "cuda":  # rows in place (prompts by SDPA if asked)
             if self._gpu_plan is None:
-                self._gpu_plan = GpuBatchPlan(self.sequences, q.device, self._completes)
+                self._gpu_plan = GpuBatchPlan(self.sequences, q.device, self._completes, self.prompt_sdpa)
             return self._gpu_plan.attend(q, k_cache, v_cache, self.pooled, window)
         if isinstance(k_cache, torch.Tensor):  # one call reads the pool
             if window is None:

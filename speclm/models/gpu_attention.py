@@ -100,9 +100,12 @@ class GpuBatchPlan:
     a sequence whose new rows are its whole causal prompt runs one SDPA call (is_causal) over its freshly
     written slots, but for the row that completes the prompt (`completes[i]`: the chunk has logits); all
     other rows (decode, verification, token trees, later prompt chunks, that last prompt row) run through
-    the paged kernel over the step's pooled DecodeRows. `sequences` is PagedAttentionMetadata.sequences."""
+    the paged kernel over the step's pooled DecodeRows. Without `prompt_sdpa` every row runs through the
+    kernel (batch-invariant: PagedAttentionMetadata). `sequences` is PagedAttentionMetadata.sequences."""
 
-    def __init__(self, sequences, device: torch.device, completes: list[bool] | None = None) -> None:
+    def __init__(
+        self, sequences, device: torch.device, completes: list[bool] | None = None, prompt_sdpa: bool = True
+    ) -> None:
         self.prefill: list[tuple[int, int, torch.Tensor]] = []  # (first row, rows, slots [rows])
         other: list[range] = []
         row = 0
@@ -112,7 +115,7 @@ class GpuBatchPlan:
             # sequence holds that token back and runs it as a decode row, and plain decoding must compute
             # it with the same arithmetic for speculative greedy to equal plain greedy in half precision.
             by_sdpa = n - 1 if completes is not None and completes[i] else n
-            if local.slots is None and by_sdpa >= PREFILL_SDPA_MIN_ROWS and n == slots.shape[0]:
+            if prompt_sdpa and local.slots is None and by_sdpa >= PREFILL_SDPA_MIN_ROWS and n == slots.shape[0]:
                 self.prefill.append((row, by_sdpa, slots[:by_sdpa]))
                 other.append(range(row + by_sdpa, row + n))
             else:

@@ -46,3 +46,11 @@ def test_32_concurrent_requests_get_their_solo_outputs_on_gpu(precision, stories
     alone = [outputs(llm, [p])[0] for p in prompts]
     mismatches = sum(a != b for a, b in zip(together, alone))
     assert mismatches == 0, f"{mismatches}/32 requests differ between the batch and running alone"
+
+
+def test_a_prefix_cache_hit_leaves_half_precision_output_unchanged(stories_gpu):
+    """The second run of the same prompts reads their prompt blocks from the prefix cache, so only the
+    prompts' tail rows are computed: with batch-invariant attention they round as they did the first time."""
+    fresh = stories_gpu.with_engine()
+    first = outputs(fresh)
+    assert outputs(fresh) == first
