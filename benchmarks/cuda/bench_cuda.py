@@ -107,7 +107,7 @@ def random_pair(shapes: dict, device: torch.device):
     tensors = {k: v.detach() for k, v in hf.state_dict().items()}
     checkpoint = Checkpoint(ModelConfig.from_hf_dict(shapes), tensors, "random weights")
     if device.type == "cuda":
-        model = build_model(checkpoint, device=str(device))  # dense bf16 on the GPU
+        model = build_model(checkpoint, device=str(device), weights="auto")  # dense bf16, as LLM builds it there
     else:  # the CPU smoke run: fp32, as the CPU path builds it
         model = build_model(Checkpoint(checkpoint.config, {k: v.float() for k, v in tensors.items()}, "random"))
     return hf, llm_from_model(model, word_tokenizer(shapes["vocab_size"]))
