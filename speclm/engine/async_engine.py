@@ -125,6 +125,10 @@ class AsyncEngine:
         caller); aborts the request if the consumer leaves early."""
         if not self.alive:
             raise EngineStoppedError("the engine is not running")
+        if request.params.constraint is not None:
+            # The grammar engine's view of the tokenizer takes seconds to build the first time: wait for it
+            # here, on a worker thread, so the engine thread never does and other requests go on meanwhile.
+            await asyncio.to_thread(self.engine.grammar_vocab)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), n, time.perf_counter())
         self._post("add", (request, n, prompt, stream))
         done = False

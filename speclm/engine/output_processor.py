@@ -116,7 +116,8 @@ class OutputProcessor:
         the argmax), under its grammar if it has one. `speclm bench kv` replaces it to force a given
         text's tokens."""
         if state.matcher is not None:
-            rows = rows.masked(state.matcher.allowed_mask()[None])
+            with state.matcher.timed():
+                rows = rows.masked(state.matcher.allowed_mask()[None])
         return rows.sample_first(state.request.params, state.generator)
 
     def _verify(
@@ -196,6 +197,8 @@ class OutputProcessor:
         if state.tracker.finished:
             stats.completion_tokens = len(state.tracker.token_ids)
             stats.seconds = now - state.t_arrival
+            if state.matcher is not None:
+                stats.grammar_seconds = state.matcher.seconds
             out.output = RequestOutput(
                 state.request.request_id,
                 state.prompt,

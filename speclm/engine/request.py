@@ -24,6 +24,8 @@ class GenerationStats:
     accepted_per_position: list[int] = field(default_factory=list)
     proposer_seconds: float = 0.0
     target_seconds: float = 0.0
+    forced_tokens: int = 0  # committed tokens its grammar forced (proposed as free drafts)
+    grammar_seconds: float = 0.0  # its grammar's work (GrammarMatcher.seconds); 0 without a constraint
 
     @property
     def tokens_per_s(self) -> float:

@@ -117,11 +117,12 @@ class Speculation:
     ) -> list[int]:
         """A constrained sequence's drafts: the tokens its grammar forces next (jump-forward: free,
         deterministic drafts), then the proposer's drafts after them. A draft model draws them from
-        its own masked distribution (samples_under_grammar). A deterministic chain (n-gram, heads) is
-        cut at the first token the grammar rejects: such a draft is rejected for sure by the masked
-        target, so the cut changes nothing but the wasted rows. A sampled chain is never cut (cutting
-        where a draw happened to leave the grammar would bias the output; the masked verifier rejects
-        such a draw exactly), and trees are kept whole (invalid nodes are masked out at their parents).
+        its own masked distribution (samples_under_grammar), a draft tree masked per node. Deterministic
+        drafts (n-gram, heads, greedy drafts; chains and trees) lose every node the grammar rejects and
+        the nodes below it: such a draft is rejected for sure by the masked target (its one-hot q leaves
+        the residual unchanged), so the cut changes nothing but the wasted rows. Sampled drafts are never
+        cut (cutting where a draw happened to leave the grammar would bias the output; the masked
+        verifier rejects such a draw exactly: its token is masked out at its parent).
         Lookahead (it observes its own rows) drafts alone, or forced tokens alone when there are any."""
         if wanted <= 0 or room <= 0:
             return []
@@ -145,11 +146,11 @@ class Speculation:
                     proposer.grammar = None
                     matcher.rollback(len(forced))
             proposal = proposal.limited_to_depth(wanted - len(forced))
-            if proposal.parents is None and (proposal.probs is None or params.greedy):
+            if proposal.probs is None or params.greedy:  # deterministic drafts: cut what the grammar rejects
                 matcher.advance(forced)
-                keep = matcher.valid_prefix_length(proposal.tokens)
+                keep = matcher.valid_nodes(proposal.tree(), proposal.tokens)
                 matcher.rollback(len(forced))
-                proposal = proposal.limited_to_depth(keep)
+                proposal = proposal.subset(keep)
         self.proposed, self.num_forced = k > 0, len(forced)
         self.proposal = _after(forced, proposal)
         self.proposer_seconds = time.perf_counter() - t0
@@ -180,8 +181,9 @@ class Speculation:
         probs = None if proposal.probs is None else proposal.probs[:granted]
         raw, self.row_masks = rows, None
         if matcher is not None:
-            self.row_masks = matcher.tree_masks(tree, draft_tokens)[0]
-            rows = rows.masked(self.row_masks)
+            with matcher.timed():
+                self.row_masks = matcher.tree_masks(tree, draft_tokens)[0]
+                rows = rows.masked(self.row_masks)
         result = verifier.verify(rows, tree, draft_tokens, probs, params, generator)
         rows = raw
         if self.observing:  # rows[0] is the pending token's; node i's is rows[i + 1]
@@ -195,6 +197,7 @@ class Speculation:
         """Teach the proposer, the K controller and the request's statistics what this verification showed."""
         stats.proposer_seconds += self.proposer_seconds
         stats.target_seconds += target_seconds
+        stats.forced_tokens += min(self.num_forced, result.num_accepted)  # (a forced draft is always accepted)
         if self.proposed:  # (the drafts after the forced ones are the proposer's)
             self.proposer.update(max(0, result.num_accepted - self.num_forced))
         depth = None if tree.is_chain() else tree.max_depth

@@ -9,6 +9,7 @@ before top-k/top-p makes them pick among allowed tokens only (top-k = 5 keeps th
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from speclm.sample.sampler import processed_probs, sample_from_probs
@@ -22,6 +23,12 @@ def mask_logits(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor
         return logits
     if mask.shape[-1] != logits.shape[-1]:
         raise ValueError(f"mask covers {mask.shape[-1]} tokens, logits {logits.shape[-1]}")
+    if logits.device.type == "cpu" and mask.device.type == "cpu":
+        # numpy, not torch: torch spreads a vocabulary-sized op over its thread pool, whose start costs more
+        # than the op (and far more while other processes hold the cores); numpy makes one pass on this thread.
+        allowed = mask.numpy()
+        assert allowed.any(-1).all(), "a row with no allowed token (a grammar dead end) must not reach sampling"
+        return torch.from_numpy(np.where(allowed, logits.float().numpy(), np.float32(-np.inf)))
     assert bool(mask.any(-1).all()), "a row with no allowed token (a grammar dead end) must not reach sampling"
     return logits.float().masked_fill(~mask, float("-inf"))
 

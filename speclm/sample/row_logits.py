@@ -38,8 +38,10 @@ class RowLogits:
         """These rows under a grammar: row r's disallowed tokens (masks [rows, vocab] False) at -inf. A
         row with no allowed token (a dead end) is left unmasked: whatever is drawn there, the matcher
         refuses it and the engine ends the request."""
-        masks = masks.clone()
-        masks[~masks.any(-1)] = True
+        dead = ~masks.numpy().any(-1) if masks.device.type == "cpu" else ~masks.any(-1)  # (numpy: see mask_logits)
+        if dead.any():
+            masks = masks.clone()
+            masks[torch.as_tensor(dead)] = True
         if self._logits is not None:
             return RowLogits.computed(mask_logits(self._logits, masks[: self._logits.shape[0]]))
         masked = RowLogits.on_demand(lambda row: mask_logits(self.row(row), masks[row]))

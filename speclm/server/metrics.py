@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from speclm.engine.engine import Engine
-from speclm.engine.request import SequenceOutput
+from speclm.engine.request import GenerationStats, SequenceOutput
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -56,6 +56,27 @@ class ServerMetrics:
             "speclm_spec_accepted_tokens", "Speculative tokens accepted, by draft position", ["position"], registry=r
         )
         self.steps = Counter("speclm_engine_steps", "Batched engine steps", registry=r)
+        # Of finished requests: tau is decode_tokens / decode_steps; the grammar's share of the tokens
+        # and of the time (structured outputs and tool calls).
+        self.decode_steps = Counter(
+            "speclm_decode_steps", "Target passes after prefill, of finished requests", registry=r
+        )
+        self.decode_tokens = Counter(
+            "speclm_decode_tokens", "Tokens committed by those passes, of finished requests", registry=r
+        )
+        self.constrained_tokens = Counter(
+            "speclm_grammar_tokens", "Generated tokens of finished constrained requests", registry=r
+        )
+        self.forced_tokens = Counter(
+            "speclm_grammar_forced_tokens",
+            "Generated tokens the grammar forced (proposed as free drafts), of finished requests",
+            registry=r,
+        )
+        self.grammar_seconds = Counter(
+            "speclm_grammar_seconds",
+            "Time in grammar work (masks, matcher, masking logits) of finished constrained requests",
+            registry=r,
+        )
         self.in_flight = Gauge("speclm_num_requests_in_flight", "HTTP generation requests being served", registry=r)
 
     def on_step(self, engine: Engine, outputs: list[SequenceOutput], seconds: float) -> None:
@@ -66,7 +87,17 @@ class ServerMetrics:
                 self.drafted.labels(str(i)).inc()
                 if i < o.num_accepted:
                     self.accepted.labels(str(i)).inc()
+            if o.output is not None:
+                self._finished(o.output.stats)
         self.update_engine(engine)
+
+    def _finished(self, stats: GenerationStats) -> None:
+        self.decode_steps.inc(stats.decode_steps)
+        self.decode_tokens.inc(stats.decode_tokens)
+        self.forced_tokens.inc(stats.forced_tokens)
+        if stats.grammar_seconds > 0:  # a constrained request (any grammar work takes some time)
+            self.constrained_tokens.inc(stats.completion_tokens)
+            self.grammar_seconds.inc(stats.grammar_seconds)
 
     def on_token_times(self, ttft: list[float], itl: list[float]) -> None:
         for t in ttft:

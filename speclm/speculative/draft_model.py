@@ -243,10 +243,11 @@ class DraftModelProposer(Proposer):
         grammar, tokens, probs, advanced = self.grammar, [], [], 0
         try:
             for i in range(k):
-                mask = self._draft_mask(grammar.allowed_mask())  # [V] or [V'] over the token map
-                if not mask.any():
-                    break
-                masked = mask_logits(logits, mask[None])
+                with grammar.timed():
+                    mask = self._draft_mask(grammar.allowed_mask())  # [V] or [V'] over the token map
+                    if not mask.any():
+                        break
+                    masked = mask_logits(logits, mask[None])
                 if params.greedy:
                     token = self._token(int(masked.argmax(-1)))
                 else:
@@ -276,7 +277,11 @@ class DraftTreeProposer(DraftModelProposer):
     """A draft model's chain with its second choice as an extra leaf wherever it is unsure (top-1
     probability below `branch`): those rows cost no extra draft pass (the logits are there), only
     verification rows, and catch the target's choice where the draft's first guess misses. Greedy
-    requests only; sampled ones get the exact sampled chain. K is the node budget (chain + leaves)."""
+    requests only; sampled ones get the exact sampled chain. K is the node budget (chain + leaves).
+
+    Under a grammar (`grammar` set) every node is masked: the chain's node and its runner-up are the
+    draft's two best tokens among those the grammar allows after the chain so far (and "unsure" is
+    judged on that masked distribution); the chain stops at an EOS or a dead end."""
 
     proposes_trees = True
 
@@ -292,18 +297,34 @@ class DraftTreeProposer(DraftModelProposer):
         if not params.greedy:
             return super().propose(context, k, params, generator)
         logits = self._catch_up(context)
+        grammar, advanced = self.grammar, 0
         tokens: list[int] = []
         parents: list[int] = []
         parent = -1
-        while len(tokens) < k:
-            top = torch.topk(torch.softmax(logits[0].float(), dim=-1), 2)
-            tokens.append(self._token(int(top.indices[0])))
-            parents.append(parent)
-            node = len(tokens) - 1
-            if float(top.values[0]) < self.branch and len(tokens) < k:  # unsure: the runner-up as a leaf
-                tokens.append(self._token(int(top.indices[1])))
+        try:
+            while len(tokens) < k:
+                if grammar is not None:  # this node's choices: the tokens the grammar allows after the chain
+                    with grammar.timed():
+                        mask = self._draft_mask(grammar.allowed_mask())  # [V] or [V'] over the token map
+                        if not mask.any():
+                            break
+                        logits = mask_logits(logits, mask[None])
+                top = torch.topk(torch.softmax(logits[0].float(), dim=-1), 2)
+                tokens.append(self._token(int(top.indices[0])))
                 parents.append(parent)
-            parent = node
-            if len(tokens) < k:
-                logits = self._feed([tokens[node]])
+                node = len(tokens) - 1
+                # unsure: the runner-up as a leaf (masked, a runner-up outside the grammar has probability 0)
+                if float(top.values[0]) < self.branch and float(top.values[1]) > 0 and len(tokens) < k:
+                    tokens.append(self._token(int(top.indices[1])))
+                    parents.append(parent)
+                parent = node
+                if grammar is not None:
+                    if tokens[node] in grammar.vocab.eos_token_ids or grammar.advance([tokens[node]]) != 1:
+                        break
+                    advanced += 1
+                if len(tokens) < k:
+                    logits = self._feed([tokens[node]])
+        finally:
+            if grammar is not None:
+                grammar.rollback(advanced)
         return Proposal(tokens, None, parents)

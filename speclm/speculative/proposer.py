@@ -48,9 +48,16 @@ class Proposal:
             probs = None if self.probs is None else self.probs[:max_depth]
             return Proposal(self.tokens[:max_depth], probs, None, observed)
         depth = self.tree().depths()[1:]
-        keep = [i for i, d in enumerate(depth) if d <= max_depth]
-        if len(keep) == len(depth):
+        return self.subset([i for i, d in enumerate(depth) if d <= max_depth])
+
+    def subset(self, keep: list[int]) -> Proposal:
+        """The proposal with only the nodes `keep` (ascending, each node's parent kept too: a tree in
+        parents-first order), renumbered; a chain cut to a prefix stays a chain."""
+        if len(keep) == len(self.tokens):
             return self
+        if self.parents is None:
+            assert keep == list(range(len(keep))), "a chain keeps a prefix"
+            return self.limited_to_depth(len(keep))
         new_index = {old: new for new, old in enumerate(keep)}
         return Proposal(
             [self.tokens[i] for i in keep],

@@ -4,8 +4,11 @@ grammar's verdict on draft chains and draft trees."""
 
 from __future__ import annotations
 
+import functools
 import threading
+import time
 import weakref
+from contextlib import contextmanager
 
 import llguidance
 import numpy as np
@@ -50,8 +53,22 @@ class GrammarVocab:
         return self.lltokenizer.decode_bytes([token_id])
 
 
+def _timed(method):
+    """Count the method's time in the matcher's `seconds` (see GrammarMatcher.timed)."""
+
+    @functools.wraps(method)
+    def timed(self, *args, **kwargs):
+        with self.timed():
+            return method(self, *args, **kwargs)
+
+    return timed
+
+
 class GrammarMatcher:
-    """Where one sequence stands in its constraint. Not thread-safe; one per sequence (and sample)."""
+    """Where one sequence stands in its constraint. Not thread-safe; one per sequence (and sample).
+
+    `seconds` is the time spent in its work (masks, advancing, rolling back, forced tokens, draft checks)
+    and in what callers time with `timed()` (applying its masks to logits): the grammar's cost."""
 
     def __init__(self, vocab: GrammarVocab, constraint: Constraint) -> None:
         self.vocab = vocab
@@ -62,6 +79,21 @@ class GrammarMatcher:
         self._words = (vocab.tokenizer_vocab_size + 31) // 32
         self._bitmask = np.zeros(self._words, dtype=np.int32)  # [words]: bit j of word i = token 32 i + j
         self.num_tokens = 0  # tokens advanced over (what rollback may undo)
+        self.seconds = 0.0
+        self._timing = False
+
+    @contextmanager
+    def timed(self):
+        """Count the block's time in `seconds` (once: nested timed blocks are inside the outer one)."""
+        if self._timing:
+            yield
+            return
+        self._timing, t0 = True, time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - t0
+            self._timing = False
 
     # -- state ------------------------------------------------------------------------------
     def is_accepting(self) -> bool:
@@ -77,6 +109,7 @@ class GrammarMatcher:
         return self._matcher.get_error() if self._matcher.is_error() else None
 
     # -- masks --------------------------------------------------------------------------------
+    @_timed
     def allowed_mask(self) -> torch.Tensor:
         """[vocab_size] bool: True where the grammar allows the token next (EOS only when accepting).
         All False means a dead end (the engine ends the request)."""
@@ -94,6 +127,7 @@ class GrammarMatcher:
         return torch.from_numpy(mask)
 
     # -- moving --------------------------------------------------------------------------------
+    @_timed
     def advance(self, tokens: list[int]) -> int:
         """Consume tokens up to the first the grammar rejects; returns how many were consumed."""
         n = self.valid_prefix_length(tokens)
@@ -102,6 +136,7 @@ class GrammarMatcher:
         self.num_tokens += n
         return n
 
+    @_timed
     def rollback(self, n: int) -> None:
         """Undo the last n advanced tokens (verification rejected them)."""
         if not 0 <= n <= self.num_tokens:
@@ -110,6 +145,7 @@ class GrammarMatcher:
             raise AssertionError(f"llguidance rollback of {n} failed: {self._matcher.get_error()}")
         self.num_tokens -= n
 
+    @_timed
     def forced_tokens(self) -> list[int]:
         """Tokens the grammar forces next (jump-forward), in canonical tokenization: free drafts.
 
@@ -121,6 +157,7 @@ class GrammarMatcher:
         return forced[: self.valid_prefix_length(forced)]
 
     # -- drafts ---------------------------------------------------------------------------------
+    @_timed
     def valid_prefix_length(self, tokens: list[int]) -> int:
         """How many of `tokens` (a draft chain after the current state) the grammar accepts in a row:
         cut the chain there. EOS counts as valid only where the grammar is accepting."""
@@ -141,6 +178,32 @@ class GrammarMatcher:
         self._matcher.rollback(len(tokens))
         return accepting
 
+    @_timed
+    def valid_nodes(self, tree: TokenTree, draft_tokens: list[int]) -> list[int]:
+        """The nodes of a draft tree (a chain is one) that the grammar accepts on their path from the
+        current state, in order: cut the rest. Below a rejected node or an EOS nothing is valid, so what
+        is kept is a tree (ancestors first). The matcher's state is the same before and after."""
+        assert tree.num_nodes == len(draft_tokens)
+        valid: list[int] = []
+        children = tree.children()
+        stack: list[tuple[int, bool]] = [(c, True) for c in reversed(children[0])]  # (node, entering)
+        while stack:
+            node, entering = stack.pop()
+            if not entering:
+                self.rollback(1)
+                continue
+            token = draft_tokens[node]
+            if self.valid_prefix_length([token]) != 1:
+                continue
+            valid.append(node)
+            if token in self.vocab.eos_token_ids:
+                continue
+            self.advance([token])
+            stack.append((node, False))
+            stack.extend((c, True) for c in reversed(children[node + 1]))
+        return sorted(valid)
+
+    @_timed
     def tree_masks(self, tree: TokenTree, draft_tokens: list[int]) -> tuple[torch.Tensor, list[bool]]:
         """Per-row masks of a draft tree's verification pass, and which nodes the grammar accepts.
 

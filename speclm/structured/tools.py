@@ -52,12 +52,18 @@ def offered_tools(tools: list[dict], tool_choice: str | dict) -> list[dict]:
     return tools
 
 
-def call_schema(tools: list[dict]) -> dict:
-    """The JSON schema of one call, {"name": <one of the tools>, "arguments": <its parameters>}."""
+def call_schema(tools: list[dict], strict_only: bool = False) -> dict:
+    """The JSON schema of one call, {"name": <one of the tools>, "arguments": <its parameters>}; with
+    `strict_only` the arguments of a function without `strict: true` are any JSON object."""
     variants = [
         {
             "type": "object",
-            "properties": {"name": {"const": t["function"]["name"]}, "arguments": function_schema(t)},
+            "properties": {
+                "name": {"const": t["function"]["name"]},
+                "arguments": function_schema(t)
+                if t["function"].get("strict") or not strict_only
+                else {"type": "object"},
+            },
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
@@ -93,12 +99,15 @@ def tool_constraint(
 
     GENERIC: always the reply schema (the model cannot know the format otherwise). HERMES: `required`
     or a named function force one call (several with parallel_tool_calls) whose arguments follow the
-    function's parameter schema; `auto` leaves the reply free (calls are parsed from it)."""
+    function's parameter schema; `auto` leaves the reply free (calls are parsed from it) unless a tool
+    is `strict`: then free text until the model opens a call, the call's name one of the tools and the
+    arguments of a strict function its parameter schema (a lazy grammar, triggered by the tag)."""
     if not tools or tool_choice == "none":
         return None
     if fmt == GENERIC:
         return compile_constraint("json_schema", generic_reply_schema(tools, tool_choice, parallel), "tools")
-    if tool_choice == "auto":
+    auto = tool_choice == "auto"
+    if auto and not any(t["function"].get("strict") for t in tools):
         return None
     # Qwen's tokenizers have one token for each tag: a Lark literal would not match it (llguidance
     # reads tokens of added tokens as special), the <token> form does.
@@ -107,13 +116,21 @@ def tool_constraint(
         (TOOL_CALL_OPEN, TOOL_CALL_CLOSE) if has_tags else (f'"{TOOL_CALL_OPEN}"', f'"{TOOL_CALL_CLOSE}"')
     )
     # Inside Lark, JSON options travel in the schema's "x-guidance" (the same as response_format's).
-    schema = json.dumps({**call_schema(offered_tools(tools, tool_choice)), "x-guidance": JSON_OPTIONS})
+    schema = json.dumps({**call_schema(offered_tools(tools, tool_choice), auto), "x-guidance": JSON_OPTIONS})
+    body = f'"\\n" arguments "\\n" {tag_close}'  # after the opening tag
+    if not auto:
+        start = ['start: call ("\\n" call)*' if parallel else "start: call", f"call: {tag_open} {body}"]
+    elif has_tags:  # free text ends where the model writes the tag's token
+        start = [f"start: call{'*' if parallel else '?'} TEXT", f"call: TEXT {tag_open} {body}"]
+    else:  # a lazy lexeme: the text up to the first tag, wherever it is (without parallel_tool_calls, a
+        # second tag after the call is free text: a tag spelled as text cannot be kept out of TEXT cheaply)
+        start = [f"start: call{'*' if parallel else '?'} TEXT", f"call: call_open {body}"]
+        start.append(f"call_open[lazy]: TEXT {tag_open}")
     lark = "\n".join(
-        [
-            'start: call ("\\n" call)*' if parallel else "start: call",
-            f'call: {tag_open} "\\n" arguments "\\n" {tag_close}',
-            f"arguments: %json {schema}",
-        ]
+        (["%llguidance {}"] if auto else [])
+        + start
+        + [f"arguments: %json {schema}"]
+        + (["TEXT: /(.|\\n)*/"] if auto else [])
     )
     try:
         return tokens_grammar(lark, "tools")

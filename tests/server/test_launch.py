@@ -91,3 +91,43 @@ def test_async_engine_run_forever_serves_until_stopped(stories_llm):
     assert len(got) == 3 and not engine.alive
     with pytest.raises(RuntimeError, match="runs already"):
         engine.run_forever()  # one loop per AsyncEngine
+
+
+def test_a_constrained_request_waits_for_the_grammar_off_the_engine_thread(stories_llm):
+    """The grammar engine's vocabulary takes seconds to build for a big tokenizer: a constrained request
+    that comes before it is built waits off the engine thread, and other requests go on meanwhile."""
+    from speclm.engine.async_engine import AsyncEngine
+    from speclm.engine.engine import Engine
+    from speclm.engine.request import Request
+    from speclm.sampling_params import SamplingParams
+    from speclm.structured.grammar import compile_constraint
+
+    engine = AsyncEngine(Engine(stories_llm.runner, stories_llm.tokenizer, CacheConfig(num_blocks=64)))
+    built, build = threading.Event(), engine.engine.grammar_vocab
+
+    def slow_build():
+        assert built.wait(20), "the plain request did not finish while the grammar was building"
+        return build()
+
+    engine.engine.grammar_vocab = slow_build
+    finished = []
+    ids = stories_llm.tokenizer.encode("Once")
+    constrained = SamplingParams(max_tokens=8, constraint=compile_constraint("regex", "[a-z ]+", "c"))
+
+    async def one(name: str, params: SamplingParams) -> None:
+        async for out in engine.generate(Request(name, ids, params)):
+            if out.finished:
+                finished.append(name)
+        if name == "plain":
+            built.set()
+
+    async def client():
+        try:
+            task = asyncio.ensure_future(one("constrained", constrained))
+            await asyncio.sleep(0.2)  # the constrained request is submitted first
+            await asyncio.gather(task, one("plain", SamplingParams(max_tokens=3, ignore_eos=True)))
+        finally:
+            engine.stop()
+
+    engine.run_forever(ready=lambda: threading.Thread(target=asyncio.run, args=(client(),)).start())
+    assert finished == ["plain", "constrained"]

@@ -37,6 +37,25 @@ def test_json_schema_and_json_object_on_chat(default_server):
     assert isinstance(json.loads(text), dict)
 
 
+def test_metrics_count_constrained_tokens_and_grammar_time(default_server):
+    import httpx
+
+    url, client = default_server
+
+    def metric(name: str) -> float:
+        text = httpx.get(f"{url}/metrics").text
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+    before = {m: metric(m) for m in ("speclm_grammar_tokens_total", "speclm_grammar_seconds_total")}
+    steps = metric("speclm_decode_steps_total")
+    r = client.chat.completions.create(
+        model="m", messages=ASK, max_tokens=30, temperature=0, response_format={"type": "json_object"}
+    )
+    assert metric("speclm_grammar_tokens_total") - before["speclm_grammar_tokens_total"] == r.usage.completion_tokens
+    assert metric("speclm_grammar_seconds_total") > before["speclm_grammar_seconds_total"]
+    assert metric("speclm_decode_steps_total") > steps
+
+
 def test_vllm_extensions_on_completions(default_server):
     _, client = default_server
     r = client.completions.create(

@@ -93,6 +93,53 @@ def test_constrained_speculative_greedy_equals_constrained_ar(
     assert drafted > 0
 
 
+def test_stats_count_forced_tokens_and_grammar_time(stories_llm):
+    """A constrained request's stats: the forced tokens committed as free drafts (the schema's keys and
+    punctuation) and the time its grammar took; an unconstrained request has neither."""
+    params = SamplingParams(max_tokens=48, constraint=compile_constraint("json_schema", STORY_SCHEMA, "c"))
+    llm = stories_llm.with_spec("ngram", num_speculative_tokens=4, adaptive=False)
+    out = llm.generate("Once upon a time", params)[0]
+    prefix = '{"name": "'  # forced at the start: at least its tokens are free drafts
+    assert out.text.startswith(prefix)
+    assert len(stories_llm.tokenizer.encode(prefix, False)) <= out.stats.forced_tokens <= len(out.token_ids)
+    assert out.stats.forced_tokens <= out.stats.accepted_tokens
+    assert 0 < out.stats.grammar_seconds < out.stats.seconds
+    ar = stories_llm.generate("Once upon a time", params)[0]
+    assert ar.stats.forced_tokens == 0 and ar.stats.grammar_seconds > 0  # no drafts: nothing proposed as forced
+    plain = llm.generate("Once upon a time", SamplingParams(max_tokens=8))[0]
+    assert plain.stats.forced_tokens == 0 and plain.stats.grammar_seconds == 0
+
+
+def test_draft_trees_are_masked_per_node(stories_llm, perturbed_stories_dir, monkeypatch):
+    """A draft model's greedy tree under a grammar: every node it proposes is one the grammar allows on
+    its path (its chain and its runner-up leaves are drawn from masked rows), branches included; the
+    output equals constrained AR (test above)."""
+    from speclm.engine.speculation import Speculation
+
+    seen = {"nodes": 0, "branched": 0}
+    propose = Speculation._constrained
+
+    def checked(self, proposer, context, wanted, room, params, generator, matcher):
+        tokens = propose(self, proposer, context, wanted, room, params, generator, matcher)
+        raw = self.proposal
+        if tokens and raw.parents is not None:
+            _, valid = matcher.tree_masks(raw.tree(), raw.tokens)
+            assert all(valid), (raw.tokens, raw.parents, valid)
+            seen["nodes"] += len(raw.tokens)
+            seen["branched"] += len(set(raw.parents)) < len(raw.parents)
+        return tokens
+
+    monkeypatch.setattr(Speculation, "_constrained", checked)
+    # only the proposer's own tree counts: no cut may hide an invalid node
+    monkeypatch.setattr(GrammarMatcher, "valid_nodes", lambda self, tree, tokens: list(range(len(tokens))))
+    llm = stories_llm.with_spec(f"draft:{perturbed_stories_dir},branch=0.9", num_speculative_tokens=6, adaptive=False)
+    for kind, value in CONSTRAINTS.values():
+        params = SamplingParams(max_tokens=48, constraint=compile_constraint(kind, value, "c"))
+        for prompt in STORY_PROMPTS:
+            llm.generate(prompt, params)
+    assert seen["nodes"] > 20 and seen["branched"] > 0, seen
+
+
 @pytest.mark.parametrize("spec", [None, "ngram", "lookahead", "draft-self"])
 def test_default_model_json_schema_is_valid_and_exact(default_llm, spec):
     """The default model, asked for a book: JSON valid against the schema, the same with speculation."""

@@ -166,6 +166,11 @@ def test_tree_masks_equal_the_masks_along_each_path(smol_vocab, smol_tokenizer):
         matcher.rollback(len(path))
     assert masks[4].all() and masks[5].all()  # unreachable rows: placeholders
     assert not masks[0][bad]
+    # the cut of deterministic drafts: the valid nodes, the same as tree_masks' verdict, state unmoved
+    assert matcher.valid_nodes(tree, drafts) == [0, 1, 2]
+    assert matcher.num_tokens == len(prefix) and torch.equal(matcher.allowed_mask(), state)
+    chain = [a, close, bad, a]
+    assert matcher.valid_nodes(TokenTree.chain(4), chain) == list(range(matcher.valid_prefix_length(chain))) == [0, 1]
 
 
 def test_eos_in_drafts(smol_vocab, smol_tokenizer):
@@ -177,6 +182,7 @@ def test_eos_in_drafts(smol_vocab, smol_tokenizer):
     assert matcher.valid_prefix_length(digits + [eos] + digits) == len(digits) + 1
     masks, valid = matcher.tree_masks(TokenTree((-1, 0, 1, 2)), digits + [eos, digits[0]])
     assert valid == [True, True, True, False] and masks[3].all()
+    assert matcher.valid_nodes(TokenTree((-1, 0, 1, 2, -1)), digits + [eos, digits[0], eos]) == [0, 1, 2]
     choice = GrammarMatcher(smol_vocab, compile_constraint("choice", ["ab"], "choice"))
     ab = smol_tokenizer.encode("ab", add_bos=False)
     assert choice.valid_prefix_length(ab + [eos]) == len(ab) + 1

@@ -10,6 +10,8 @@ import jsonschema
 import pytest
 import torch
 
+from speclm.sample.masked import select_masked
+from speclm.sampling_params import SamplingParams
 from speclm.structured.grammar import ConstraintError
 from speclm.structured.matcher import GrammarMatcher, GrammarVocab
 from speclm.structured.tool_calls import parse_tool_calls
@@ -154,3 +156,62 @@ def test_qwen_tokenizer_forces_its_tool_call_token():
     forced = matcher.forced_tokens()
     assert forced[0] == tokenizer.token_to_id("<tool_call>")
     assert tokenizer.decode(forced, skip_special_tokens=False) == '<tool_call>\n{"name": "get'
+
+
+def _strict(tool: dict) -> dict:
+    return {**tool, "function": {**tool["function"], "strict": True}}
+
+
+def _accepts(matcher, tokenizer, text: str) -> bool:
+    ids = tokenizer.encode(text, add_bos=False)
+    return matcher.advance(ids) == len(ids) and matcher.is_accepting()
+
+
+def _strict_auto_checks(tokenizer, vocab) -> None:
+    """Under `auto` with a strict tool: free text, and once a call opens, its arguments follow the
+    strict function's schema; a non-strict function's arguments are any object."""
+    constraint = tool_constraint(tokenizer, HERMES, [_strict(WEATHER), TIME], "auto", False)
+    assert constraint is not None
+    new = lambda: GrammarMatcher(vocab, constraint)  # noqa: E731
+    assert _accepts(new(), tokenizer, "It is sunny in Lyon, no tool needed.")
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon", "unit": "C"}}\n</tool_call>'
+    assert _accepts(new(), tokenizer, "Let me look.\n" + call)
+    assert _accepts(new(), tokenizer, '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>')
+    bad = tokenizer.encode('<tool_call>\n{"name": "get_weather", "arguments": {"town": "Lyon"}}', add_bos=False)
+    assert new().advance(bad) < len(bad)  # a key the strict schema does not have
+    unknown = tokenizer.encode('<tool_call>\n{"name": "get_mail", "arguments": {}}', add_bos=False)
+    assert new().advance(unknown) < len(unknown)
+    if tokenizer.token_to_id("<tool_call>") is not None:  # (a tag spelled as text may follow as free text)
+        twice = tokenizer.encode(call + "\n" + call, add_bos=False)
+        assert new().advance(twice) < len(twice)  # one call without parallel_tool_calls
+    parallel = tool_constraint(tokenizer, HERMES, [_strict(WEATHER), TIME], "auto", True)
+    assert _accepts(GrammarMatcher(vocab, parallel), tokenizer, call + "\n" + call)
+    parsed = parse_tool_calls("Let me look.\n" + call, HERMES)
+    assert parsed.content.strip() == "Let me look." and len(parsed.tool_calls) == 1
+
+
+def test_strict_arguments_under_auto_text_tags(qwen_style, smol_vocab):
+    """A Hermes template whose tokenizer spells the tags as text: the call opens at a lazy lexeme."""
+    _strict_auto_checks(qwen_style, smol_vocab)
+    constraint = tool_constraint(qwen_style, HERMES, [_strict(WEATHER)], "auto", True)
+    gen, params = torch.Generator().manual_seed(5), SamplingParams(temperature=1.0)
+    for _ in range(6):  # random sampling once a call is open: the call closes, its arguments fit
+        matcher = GrammarMatcher(smol_vocab, constraint)
+        tokens = qwen_style.encode("Checking.\n<tool_call>", add_bos=False)
+        assert matcher.advance(tokens) == len(tokens)
+        while "</tool_call>" not in qwen_style.decode(tokens):
+            assert len(tokens) < 300, qwen_style.decode(tokens)
+            logits = torch.randn(1, smol_vocab.vocab_size, generator=gen) * 4
+            token = int(select_masked(logits, params, matcher.allowed_mask()[None], gen)[0])
+            assert matcher.advance([token]) == 1
+            tokens.append(token)
+        check_calls(parse_tool_calls(qwen_style.decode(tokens), HERMES).tool_calls, {"get_weather"})
+
+
+@pytest.mark.skipif(not os.path.exists(PAIR_QWEN), reason="the real pair is not downloaded")
+def test_strict_arguments_under_auto_qwen_tag_tokens():
+    """Qwen's tags are single tokens: free text ends where the model writes <tool_call>."""
+    from speclm.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(PAIR_QWEN)
+    _strict_auto_checks(tokenizer, GrammarVocab.of(tokenizer))
