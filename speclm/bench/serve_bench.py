@@ -104,6 +104,7 @@ def time_in_process(llm, prompts: list[list[int]], max_tokens: int, on_thread: b
         out["seconds"] = sum(seconds)
         out["texts"] = [r.text for r in results]
         out["request_tokens"] = [len(r.token_ids) for r in results]
+        out["request_stats"] = [_step_stats(r.stats) for r in results]
         out["request_seconds"] = seconds
         out["tokens"] = sum(out["request_tokens"])
 
@@ -117,6 +118,12 @@ def time_in_process(llm, prompts: list[list[int]], max_tokens: int, on_thread: b
         raise RuntimeError("the in-process run failed")
     out["tokens_per_s"] = out["tokens"] / out["seconds"]
     return out
+
+
+def _step_stats(stats) -> dict:
+    """What a request's speed is made of (speclm/engine/request.py GenerationStats)."""
+    fields = ("prefill_seconds", "decode_steps", "decode_tokens", "drafted_tokens", "accepted_tokens")
+    return {f: getattr(stats, f) for f in (*fields, "proposer_seconds", "target_seconds")}
 
 
 def mismatches(texts: list[str], reference: list[str]) -> int:

@@ -62,6 +62,55 @@ def _ratios(rates: dict[str, float], speclm_modes: list[str]) -> dict[str, float
     return ratios
 
 
+def anatomy(inprocess: dict, categories: list[str]) -> dict:
+    """{mode: {category: ...}} from the in-process runs: tau (tokens per target pass after prefill), the
+    proposer's and the target's seconds per decoding step, prefill seconds per request, and the decode
+    phase's tokens/s: what limits speculation's gain in each category."""
+    out: dict[str, dict] = {}
+    for mode, row in inprocess.items():
+        groups: dict[str, list[dict]] = {}
+        for i, stats in enumerate(row.get("request_stats", [])):
+            groups.setdefault(categories[i % len(categories)], []).append(stats)
+        groups[OVERALL] = [s for g in list(groups.values()) for s in g]
+        out[mode] = {}
+        for category, group in groups.items():
+            total = {k: sum(s[k] for s in group) for k in group[0]}
+            steps = max(total["decode_steps"], 1)
+            decode_seconds = total["proposer_seconds"] + total["target_seconds"]
+            out[mode][category] = {
+                "tau": total["decode_tokens"] / steps,
+                "acceptance": total["accepted_tokens"] / total["drafted_tokens"] if total["drafted_tokens"] else 0.0,
+                "drafts_per_step": total["drafted_tokens"] / steps,
+                "proposer_ms_per_step": 1000 * total["proposer_seconds"] / steps,
+                "target_ms_per_step": 1000 * total["target_seconds"] / steps,
+                "prefill_s_per_request": total["prefill_seconds"] / len(group),
+                "decode_tokens_per_s": total["decode_tokens"] / decode_seconds if decode_seconds > 0 else 0.0,
+            }
+    return out
+
+
+def anatomy_markdown(rows: dict) -> list[str]:
+    lines = [
+        "",
+        "## What the in-process runs' speed is made of",
+        "",
+        "Per decoding step (a target pass after prefill): tau = tokens committed, drafts proposed, the proposer's "
+        "and the target's milliseconds; prefill seconds per request; decode tokens/s leaves prefill out.",
+        "",
+        "| mode | category | tau | acceptance | drafts/step | proposer ms/step | target ms/step | prefill s/request "
+        "| decode tokens/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mode, cells in rows.items():
+        for category, r in sorted(cells.items(), key=lambda kv: (kv[0] == OVERALL, kv[0])):
+            lines.append(
+                f"| {short_label(mode)} | {category} | {r['tau']:.2f} | {100 * r['acceptance']:.0f}% | "
+                f"{r['drafts_per_step']:.2f} | {r['proposer_ms_per_step']:.1f} | {r['target_ms_per_step']:.1f} | "
+                f"{r['prefill_s_per_request']:.2f} | {r['decode_tokens_per_s']:.1f} |"
+            )
+    return lines
+
+
 def category_markdown(table: dict) -> list[str]:
     """One table per concurrency level: categories down, modes' tokens/s and the ratios across."""
     lines = [

@@ -19,7 +19,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from speclm.bench.machine import machine_info
     from speclm.bench.report import output_paths, write_json
     from speclm.bench.serve_bench import inprocess_markdown, markdown, mismatches, run_levels, time_in_process
-    from speclm.bench.serve_categories import category_markdown, category_results
+    from speclm.bench.serve_categories import anatomy, anatomy_markdown, category_markdown, category_results
     from speclm.cli.serve import cache_config
     from speclm.server.app import build_app
     from speclm.server.config import ServerConfig
@@ -102,6 +102,7 @@ def run_serve(args: argparse.Namespace) -> int:
         for r in rows:
             r.pop("texts", None)
     per_category = category_results(results, inprocess, categories, list(served_llms))
+    made_of = anatomy(inprocess, categories)
     machine = machine_info()
     command = (
         "speclm bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
@@ -123,12 +124,15 @@ def run_serve(args: argparse.Namespace) -> int:
             "results": results,
             "inprocess": inprocess,
             "per_category": {str(c): cells for c, cells in per_category.items()},
+            "inprocess_anatomy": made_of,
         },
     )
     table = markdown(results, title, command, machine, NOTE)
     if inprocess:
         table += "\n".join(inprocess_markdown(inprocess)) + "\n"
     table += "\n".join(category_markdown(per_category)) + "\n"
+    if made_of:
+        table += "\n".join(anatomy_markdown(made_of)) + "\n"
     with open(paths["md"], "w") as f:
         f.write(table)
     print(table)

@@ -75,3 +75,10 @@ def test_bench_serve_times_llama_server_peers_beside_speclm(tmp_path, fake_bin, 
     assert c1["tokens_per_s"][f"in-process {ngram}"] == pytest.approx(inproc["tokens"] / inproc["seconds"])
     assert f"{ngram}: server / in-process" in c1["ratios"]
     assert "## Per category" in md and "### Concurrency 2" in md and "| **overall** |" in md
+    made_of = data["inprocess_anatomy"]
+    plain = made_of["no speculation"]["overall"]
+    assert plain["tau"] == 1.0 and plain["drafts_per_step"] == 0 and plain["proposer_ms_per_step"] == 0
+    stats = inproc["request_stats"]
+    steps, tokens = sum(s["decode_steps"] for s in stats), sum(s["decode_tokens"] for s in stats)
+    assert made_of[ngram]["overall"]["tau"] == pytest.approx(tokens / steps) and tokens == 2 * 5
+    assert "## What the in-process runs' speed is made of" in md
