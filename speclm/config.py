@@ -33,6 +33,10 @@ HEAD_OPTIONS = {"medusa": {"width": 3}, "eagle": {"topk": 2, "beam": 2, "depth":
 LOOKAHEAD_SHAPE = (5, 3, 3)
 
 
+SPEC_MAX_BATCH = 8  # speculation's default batch limit
+DRAFT_MODEL_CPU_MAX_BATCH = 1  # draft: on a CPU (SpecConfig.default_max_batch)
+
+
 @dataclass
 class SpecConfig:
     """A parsed --spec value: method 'ngram' (prompt lookup), 'layerskip' (first N target layers as
@@ -123,6 +127,14 @@ class SpecConfig:
     @property
     def label(self) -> str:
         return self.method if self.argument is None else f"{self.method}:{self.argument}"
+
+    def default_max_batch(self, on_cpu: bool) -> int:
+        """The engine's batch limit for speculation (it drafts only in steps with at most this many running
+        sequences) unless one is given. A draft model runs its passes sequence by sequence, so on a CPU,
+        where a batched target step costs little more than one sequence's, a batch's drafts cost about
+        the batch size times one sequence's and stop paying beyond DRAFT_MODEL_CPU_MAX_BATCH sequences
+        (benchmarks/spec_max_batch/)."""
+        return DRAFT_MODEL_CPU_MAX_BATCH if on_cpu and self.method == "draft" else SPEC_MAX_BATCH
 
 
 def _is_fraction(value: str) -> bool:

@@ -85,7 +85,7 @@ class LlamaServerPeer:
                     time.sleep(0.2)
                 try:
                     yield url
-                except httpx.HTTPError as e:  # say what the server said (a crash, a refused request)
+                except RuntimeError as e:  # a client failed: say what the server said (a crash, a refused request)
                     log.seek(0)
                     exited = proc.poll()
                     raise RuntimeError(

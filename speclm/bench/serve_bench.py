@@ -2,31 +2,24 @@
 
 A real server runs in this process (speclm/server/launch.py: the engine on the thread that loaded the
 model, as `speclm serve` runs it; uvicorn on 127.0.0.1, a free port), or a peer's server in its own
-process; C streaming HTTP clients each send requests back to back until the level's requests are done.
+process; C streaming HTTP clients (in a process of their own, serve_client.py) each send requests back to
+back until the level's requests are done.
 Every request generates max_tokens tokens (ignore_eos; the server's usage counts them), so throughput
 is tokens / wall time.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import statistics
+import os
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
 
+from speclm.bench import serve_client
 from speclm.bench.report import header_lines
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-quantile (0..1) by linear interpolation; 0.0 for no values."""
-    if not values:
-        return 0.0
-    values = sorted(values)
-    pos = q * (len(values) - 1)
-    lo, hi = int(pos), min(int(pos) + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
 
 
 @contextmanager
@@ -51,80 +44,18 @@ def serve_in_thread(app):
         thread.join(60)
 
 
-async def _one_request(client, url: str, prompt_ids: list[int], max_tokens: int) -> dict:
-    body = {
-        "prompt": prompt_ids,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    t0 = time.perf_counter()
-    times, text, tokens = [], [], max_tokens
-    async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"benchmark request failed: {response.status_code} {await response.aread()!r}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            piece = "".join(c.get("text") or "" for c in chunk.get("choices") or [])
-            if piece:  # a chunk with text: tokens arrived (a last chunk may carry only usage or finish_reason)
-                times.append(time.perf_counter())
-                text.append(piece)
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-    if not times:
-        raise RuntimeError("benchmark request streamed no text")
-    return {
-        "ttft": times[0] - t0,
-        "itl": [b - a for a, b in zip(times, times[1:])],
-        "end": times[-1],
-        "text": "".join(text),
-        "tokens": tokens,
-    }
-
-
-async def run_level(url: str, prompts: list[list[int]], concurrency: int, num_requests: int, max_tokens: int) -> dict:
-    """Send num_requests requests with `concurrency` clients; return throughput and latency percentiles."""
-    import httpx
-
-    queue = list(range(num_requests))
-    results: dict[int, dict] = {}
-    prompt_tokens = sum(len(prompts[i % len(prompts)]) for i in queue)
-
-    async def worker(client) -> None:
-        while queue:
-            i = queue.pop(0)
-            results[i] = await _one_request(client, url, prompts[i % len(prompts)], max_tokens)
-
-    # A fresh connection per request: llama-server (cpp-httplib) closes a kept-alive connection after a
-    # few requests, and a client that reuses it then sees "Server disconnected without sending a response".
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=0)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
-        wall = time.perf_counter() - t0
-    results = [results[i] for i in range(num_requests)]
-    ttft = [r["ttft"] for r in results]
-    itl = [x for r in results for x in r["itl"]]
-    tokens = sum(r["tokens"] for r in results)
-    return {
-        "concurrency": concurrency,
-        "requests": num_requests,
-        "tokens": tokens,
-        "seconds": wall,
-        "tokens_per_s": tokens / wall,
-        "prompt_tokens": prompt_tokens,
-        "total_tokens_per_s": (tokens + prompt_tokens) / wall,
-        "ttft_p50": percentile(ttft, 0.5),
-        "ttft_p99": percentile(ttft, 0.99),
-        "itl_p50": percentile(itl, 0.5),
-        "itl_p99": percentile(itl, 0.99),
-        "itl_mean": statistics.fmean(itl) if itl else 0.0,
-        "texts": [r["text"] for r in results],  # by request; callers drop it before writing results
-    }
+def run_levels(url: str, prompts: list[list[int]], levels: list[tuple[int, int]], max_tokens: int) -> list[dict]:
+    """Run each (concurrency, requests) level against `url` in turn after a short warm-up request, with the
+    clients in a process of their own (speclm/bench/serve_client.py), as an application's are: in this
+    process they would take the GIL from speclm's server and, unlike with a peer's server, slow it."""
+    job = {"url": url, "prompts": prompts, "levels": levels, "max_tokens": max_tokens}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, serve_client.__file__], input=json.dumps(job), capture_output=True, text=True, env=env
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the benchmark client failed: {done.stderr.strip()[-1500:]}")
+    return json.loads(done.stdout)
 
 
 def markdown(results: dict, title: str, command: str, machine: dict, note: str) -> str:
@@ -165,11 +96,17 @@ def time_in_process(llm, prompts: list[list[int]], max_tokens: int, on_thread: b
 
     def run() -> None:
         llm.generate(prompts[0], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))  # warm-up
-        t0 = time.perf_counter()
-        results = [llm.generate(p, params)[0] for p in prompts]
-        out["seconds"] = time.perf_counter() - t0
+        results, seconds = [], []
+        for p in prompts:
+            t0 = time.perf_counter()
+            results.append(llm.generate(p, params)[0])
+            seconds.append(time.perf_counter() - t0)
+        out["seconds"] = sum(seconds)
         out["texts"] = [r.text for r in results]
-        out["tokens"] = sum(len(r.token_ids) for r in results)
+        out["request_tokens"] = [len(r.token_ids) for r in results]
+        out["request_stats"] = [_step_stats(r.stats) for r in results]
+        out["request_seconds"] = seconds
+        out["tokens"] = sum(out["request_tokens"])
 
     if on_thread:
         thread = threading.Thread(target=run, name="speclm-bench-worker")
@@ -181,6 +118,12 @@ def time_in_process(llm, prompts: list[list[int]], max_tokens: int, on_thread: b
         raise RuntimeError("the in-process run failed")
     out["tokens_per_s"] = out["tokens"] / out["seconds"]
     return out
+
+
+def _step_stats(stats) -> dict:
+    """What a request's speed is made of (speclm/engine/request.py GenerationStats)."""
+    fields = ("prefill_seconds", "decode_steps", "decode_tokens", "drafted_tokens", "accepted_tokens")
+    return {f: getattr(stats, f) for f in (*fields, "proposer_seconds", "target_seconds")}
 
 
 def mismatches(texts: list[str], reference: list[str]) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import shlex
 import sys
@@ -17,11 +16,10 @@ NOTE = (
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import httpx
-
     from speclm.bench.machine import machine_info
     from speclm.bench.report import output_paths, write_json
-    from speclm.bench.serve_bench import inprocess_markdown, markdown, mismatches, run_level, time_in_process
+    from speclm.bench.serve_bench import inprocess_markdown, markdown, mismatches, run_levels, time_in_process
+    from speclm.bench.serve_categories import anatomy, anatomy_markdown, category_markdown, category_results
     from speclm.cli.serve import cache_config
     from speclm.server.app import build_app
     from speclm.server.config import ServerConfig
@@ -41,7 +39,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if max(levels) > config.max_num_seqs:
         print(f"note: concurrency above --max-num-seqs {config.max_num_seqs} queues requests", file=sys.stderr)
     methods = split_methods(args.methods) or ["ar"]  # keeps "eagle:DIR,topk=1" together
-    llm, prompts = load_llm_and_prompts(args)
+    llm, prompts, categories = load_llm_and_prompts(args)
     room = llm.model.config.max_position_embeddings - args.max_tokens
     if room < 1:
         raise ValueError(f"--max-tokens {args.max_tokens} leaves no room for a prompt in the model's context")
@@ -52,16 +50,13 @@ def run_serve(args: argparse.Namespace) -> int:
         return args.requests or (len(prompts) if args.compare_inprocess else max(4, 2 * c))
 
     def levels_at(url: str, label: str) -> list[dict]:
-        asyncio.run(run_level(url, prompts, 1, 1, 4))  # warm-up
-        rows = []
-        for c in levels:
-            r = asyncio.run(run_level(url, prompts, c, num_requests(c), args.max_tokens))
+        rows = run_levels(url, prompts, [(c, num_requests(c)) for c in levels], args.max_tokens)
+        for r in rows:
             print(
-                f"{label}, concurrency {c}: {r['tokens_per_s']:.1f} tokens/s, TTFT p50 {r['ttft_p50']:.3f} s, "
-                f"ITL p50 {1000 * r['itl_p50']:.1f} ms",
+                f"{label}, concurrency {r['concurrency']}: {r['tokens_per_s']:.1f} tokens/s, "
+                f"TTFT p50 {r['ttft_p50']:.3f} s, ITL p50 {1000 * r['itl_p50']:.1f} ms",
                 file=sys.stderr,
             )
-            rows.append(r)
         return rows
 
     results, inprocess, served_llms = {}, {}, {}
@@ -73,7 +68,7 @@ def run_serve(args: argparse.Namespace) -> int:
         served_llms[label] = served
         if args.compare_inprocess:  # on this thread, which loaded the model, as the server's engine runs
             inprocess[label] = time_in_process(served, prompts, args.max_tokens)
-        # the engine loop on this thread, uvicorn and the clients on others (speclm/server/launch.py)
+        # the engine loop on this thread, uvicorn on another (speclm/server/launch.py), the clients in a process
         results[label] = serve_while(
             build_app(served, config, ServerConfig(model_name="bench")), lambda url, label=label: levels_at(url, label)
         )
@@ -83,10 +78,9 @@ def run_serve(args: argparse.Namespace) -> int:
         try:
             for c in levels:
                 with peer.serving(c, context) as url:
-                    asyncio.run(run_level(url, prompts, 1, 1, 4))  # warm-up
-                    rows.append(asyncio.run(run_level(url, prompts, c, num_requests(c), args.max_tokens)))
+                    rows += run_levels(url, prompts, [(c, num_requests(c))], args.max_tokens)
                 print(f"{peer.name}, concurrency {c}: {rows[-1]['tokens_per_s']:.1f} tokens/s", file=sys.stderr)
-        except (RuntimeError, httpx.HTTPError) as e:  # the peer's failure is reported; speclm's rows stand
+        except RuntimeError as e:  # the peer's failure is reported; speclm's rows stand
             print(f"peer {peer.name} failed, left out: {e}", file=sys.stderr)
             continue
         results[peer.name] = rows
@@ -107,6 +101,8 @@ def run_serve(args: argparse.Namespace) -> int:
     for rows in [*results.values(), inprocess.values()]:
         for r in rows:
             r.pop("texts", None)
+    per_category = category_results(results, inprocess, categories, list(served_llms))
+    made_of = anatomy(inprocess, categories)
     machine = machine_info()
     command = (
         "speclm bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
@@ -124,13 +120,19 @@ def run_serve(args: argparse.Namespace) -> int:
             "cache": vars(config),
             "max_tokens": args.max_tokens,
             "prompts": len(prompts),
+            "categories_of_prompts": categories,
             "results": results,
             "inprocess": inprocess,
+            "per_category": {str(c): cells for c, cells in per_category.items()},
+            "inprocess_anatomy": made_of,
         },
     )
     table = markdown(results, title, command, machine, NOTE)
     if inprocess:
         table += "\n".join(inprocess_markdown(inprocess)) + "\n"
+    table += "\n".join(category_markdown(per_category)) + "\n"
+    if made_of:
+        table += "\n".join(anatomy_markdown(made_of)) + "\n"
     with open(paths["md"], "w") as f:
         f.write(table)
     print(table)
@@ -176,7 +178,7 @@ def run_kv(args: argparse.Namespace) -> int:
         )
     window = config.streaming_window
     config = dataclasses.replace(config, streaming_window=None, kv_eviction=None, kv_budget=None)
-    llm, prompts = load_llm_and_prompts(args)
+    llm, prompts, _ = load_llm_and_prompts(args)
     room = llm.model.config.max_position_embeddings - args.max_tokens
     prompts = [p[-room:] for p in prompts]
     variants = {"auto": config, "int8": dataclasses.replace(config, kv_cache_dtype="int8")}
@@ -255,15 +257,16 @@ def run_kv(args: argparse.Namespace) -> int:
 
 
 def load_llm_and_prompts(args: argparse.Namespace):
-    """The model (without speculation) and the selected benchmark prompts as token ids."""
+    """The model (without speculation), the selected benchmark prompts as token ids and their categories."""
     from speclm.data import load_prompts
 
-    categories = args.categories.split(",") if args.categories else None
-    texts = [p["text"] for p in load_prompts(args.prompts, args.per_category or None, categories)]
+    wanted = args.categories.split(",") if args.categories else None
+    selected = load_prompts(args.prompts, args.per_category or None, wanted)
+    texts = [p["text"] for p in selected]
     args.spec = None
     llm = load_llm(args)
     prompts = [
         llm.tokenizer.encode(t) if args.no_chat else llm.tokenizer.encode_chat([{"role": "user", "content": t}])
         for t in texts
     ]
-    return llm, prompts
+    return llm, prompts, [p["category"] for p in selected]

@@ -180,7 +180,7 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
     )
 
 
-def load_llm(args: argparse.Namespace, cache=None, spec_max_batch: int = 8):
+def load_llm(args: argparse.Namespace, cache=None, spec_max_batch: int | None = None):
     """The LLM the options describe (`cache`: its engine's CacheConfig; default: the eviction options'
     or the default cache), with a stage line before and after the load (which can take a while
     for a big model: reading, repacking, the first kernel build) so a terminal or a log never sits silent."""

@@ -145,8 +145,9 @@ def register(sub) -> None:
     p.add_argument(
         "--spec-max-batch",
         type=int,
-        default=8,
-        help="propose drafts only in steps with at most this many running sequences (default 8)",
+        default=None,
+        help="propose drafts only in steps with at most this many running sequences (default: 1 for draft: "
+        "on a CPU, where a draft model's per-sequence passes stop paying in a batch; 8 otherwise)",
     )
     add_cache_args(p)
     p.set_defaults(run=run)

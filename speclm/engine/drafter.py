@@ -11,8 +11,9 @@ from speclm.kv.block_manager import BlockManager
 
 class Drafter:
     """Proposes drafts for the sequences whose next step runs their pending token alone (decoding, or a
-    new one-token prompt), unless the batch is big: with more than `spec_max_batch` running sequences
-    the weights are busy already and extra verification rows stop paying."""
+    new one-token prompt), unless the batch is big: with more than `spec_max_batch` such sequences the
+    weights are busy already and extra verification rows (and a draft model's passes, one sequence at a
+    time) stop paying."""
 
     def __init__(
         self,
@@ -28,11 +29,12 @@ class Drafter:
     def propose(self, failed: list[SequenceOutput]) -> dict[str, list[int]]:
         """seq_id -> its draft tokens (sequences with drafts only); a sequence whose proposer raised
         fails its request alone, with an output appended to `failed`."""
-        running = self.scheduler.running
-        if len(running) > self.spec_max_batch:
+        # the running sequences and the new ones whose prompt the prefix cache holds but for the last token
+        candidates = list(self.scheduler.running) + [s for s in self.scheduler.waiting if s.num_uncomputed == 1]
+        if len(candidates) > self.spec_max_batch:
             return {}
         drafts = {}
-        for seq in list(running) + [s for s in self.scheduler.waiting if s.num_uncomputed == 1]:
+        for seq in candidates:
             state = self.table.get(seq.seq_id)
             if state is None or state.speculation is None or seq.num_uncomputed != 1:
                 continue  # (a state is gone when its request failed earlier in this loop)

@@ -42,7 +42,8 @@ class Engine:
     Speculative decoding runs inside the batch: with `spec`, each sequence has its own proposer (from
     `make_proposer`) and adaptive K, its drafts are verified in the same forward as the other
     sequences' tokens, and a step with more than `spec_max_batch` running sequences skips proposing
-    (a big batch already keeps the weights busy; extra verification rows stop paying).
+    (a big batch already keeps the weights busy; extra verification rows stop paying); None takes the
+    method's default (SpecConfig.default_max_batch: a draft model on a CPU drafts for one sequence only).
 
     Every row attends like plain decoding (speclm/models/attention.py), so a request's tokens do not
     depend on what else runs. Feature proposers (Medusa, EAGLE) get the target features of every
@@ -57,7 +58,7 @@ class Engine:
         config: CacheConfig | None = None,
         spec: SpecConfig | None = None,
         make_proposer: ProposerFactory | None = None,
-        spec_max_batch: int = 8,
+        spec_max_batch: int | None = None,
     ) -> None:
         if spec is not None and make_proposer is None:
             raise ValueError("a speculative config needs a proposer factory")
@@ -79,6 +80,8 @@ class Engine:
         bounded = window or evicting
         self.max_total_tokens = runner.context_length if bounded else min(runner.context_length, num_blocks * bs)
         self.sequences = SequenceTable(self.scheduler)
+        if spec_max_batch is None:
+            spec_max_batch = spec.default_max_batch(runner.model.device.type == "cpu") if spec else 0
         self.drafter = Drafter(
             self.scheduler, self.block_manager, self.sequences, self.max_total_tokens, spec_max_batch
         )

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -43,8 +42,10 @@ def create_app(
     async def lifespan(_app: FastAPI):
         engine.start()
         service.update_metrics()
-        if engine.engine is not None:  # the grammar engine's view of the tokenizer (seconds): off the request path
-            threading.Thread(target=_build_grammar_vocab, args=(engine.engine,), daemon=True).start()
+        if engine.engine is not None:  # the grammar engine's view of the tokenizer, before the socket listens:
+            # building it holds the GIL for its whole run (seconds for a 151k vocabulary), so on a thread of its
+            # own beside the engine's it stalled the first requests' steps by as long
+            _build_grammar_vocab(engine.engine)
         try:
             yield
         finally:

@@ -56,3 +56,29 @@ def test_bench_serve_times_llama_server_peers_beside_speclm(tmp_path, fake_bin, 
         assert row["tokens_per_s"] > 0 and row["server_vs_inprocess"] > 0 and row["other_thread_tokens_per_s"] > 0
     md = (tmp_path / "serve.md").read_text()
     assert "| llama-server | 1 | 2 |" in md and "The server against the in-process engine" in md
+    # per category: each mode's own requests (request i asks prompt i), rates and the targets' ratios
+    assert data["categories_of_prompts"] == ["writing", "qa"]
+    ngram = "ngram (K=4, adaptive)"
+    for c, cells in data["per_category"].items():
+        assert list(cells) == ["qa", "writing", "overall"]
+        level = next(r for r in results[ngram] if r["concurrency"] == int(c))
+        qa = cells["qa"]
+        assert qa["tokens_per_s"][ngram] == pytest.approx(level["request_tokens"][1] / level["request_seconds"][1])
+        rates = qa["tokens_per_s"]
+        assert qa["ratios"][f"{ngram} / no speculation"] == pytest.approx(rates[ngram] / rates["no speculation"])
+        assert qa["ratios"]["no speculation / llama-server"] == pytest.approx(
+            rates["no speculation"] / rates["llama-server"]
+        )
+    c1 = data["per_category"]["1"]["overall"]
+    assert set(c1["tokens_per_s"]) == {*results, "in-process no speculation", f"in-process {ngram}"}
+    inproc = data["inprocess"][ngram]
+    assert c1["tokens_per_s"][f"in-process {ngram}"] == pytest.approx(inproc["tokens"] / inproc["seconds"])
+    assert f"{ngram}: server / in-process" in c1["ratios"]
+    assert "## Per category" in md and "### Concurrency 2" in md and "| **overall** |" in md
+    made_of = data["inprocess_anatomy"]
+    plain = made_of["no speculation"]["overall"]
+    assert plain["tau"] == 1.0 and plain["drafts_per_step"] == 0 and plain["proposer_ms_per_step"] == 0
+    stats = inproc["request_stats"]
+    steps, tokens = sum(s["decode_steps"] for s in stats), sum(s["decode_tokens"] for s in stats)
+    assert made_of[ngram]["overall"]["tau"] == pytest.approx(tokens / steps) and tokens == 2 * 5
+    assert "## What the in-process runs' speed is made of" in md

@@ -7,6 +7,7 @@ from speclm import SamplingParams
 from speclm.config import CacheConfig
 from speclm.engine.engine import Engine
 from speclm.engine.request import Request
+from tests.conftest import STORIES_MODEL
 from tests.helpers import generate_one
 
 PROMPTS = [
@@ -221,3 +222,33 @@ def test_int4_batch_is_exact_speculative_and_equals_single_request_engine():
     assert batched(SpecConfig.parse("ngram", 4)) == plain
     one_chunk = CacheConfig(max_num_batched_tokens=sum(map(len, prompts)))
     assert batched(None, one_chunk) == [generate_one(llm.engine, r).token_ids for r in requests]
+
+
+def test_speculation_batch_limit_defaults_by_method(stories_llm):
+    """A draft model on a CPU drafts for one sequence at a time unless told otherwise; other methods up to 8;
+    a limit given wins (speclm/config.py SpecConfig.default_max_batch, benchmarks/spec_max_batch/)."""
+    from speclm.config import SpecConfig
+
+    draft = stories_llm.with_spec(f"draft:{STORIES_MODEL}", 2, adaptive=False)
+    assert draft.engine.drafter.spec_max_batch == 1
+    assert stories_llm.with_spec("ngram").engine.drafter.spec_max_batch == 8
+    assert SpecConfig.parse("draft:x.gguf").default_max_batch(on_cpu=False) == 8
+    explicit = Engine(draft.runner, draft.tokenizer, CacheConfig(), draft.spec, draft.proposers, spec_max_batch=3)
+    assert explicit.drafter.spec_max_batch == 3
+    # no step drafts for two sequences, some step decodes both without drafts, and one left alone drafts;
+    # the texts are plain decoding's
+    requests = mixed_requests(stories_llm, 2)
+    expected = [generate_one(stories_llm.engine, r).token_ids for r in requests]
+    engine = draft.engine
+    for r in requests:
+        engine.add_request(r)
+    drafted, both_plain, results = 0, False, {}
+    while engine.has_unfinished():
+        outputs = engine.step()
+        assert sum(out.num_drafted > 0 for out in outputs) <= 1
+        decoded = [out for out in outputs if out.token_ids]
+        both_plain |= len(decoded) == 2 and not any(out.num_drafted for out in decoded)
+        drafted += sum(out.num_drafted for out in outputs)
+        results.update({out.request_id: out.output.token_ids for out in outputs if out.output is not None})
+    assert drafted > 0 and both_plain
+    assert [results[r.request_id] for r in requests] == expected

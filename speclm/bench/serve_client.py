@@ -1,0 +1,112 @@
+"""`speclm bench serve`'s HTTP clients, run as a program of their own (serve_bench.run_levels): a JSON job on
+stdin ({"url", "prompts" as token ids, "levels" as [concurrency, requests] pairs, "max_tokens"}), one result
+per level on stdout. It imports nothing from speclm (running it loads no torch)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import time
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) by linear interpolation; 0.0 for no values."""
+    if not values:
+        return 0.0
+    values = sorted(values)
+    pos = q * (len(values) - 1)
+    lo, hi = int(pos), min(int(pos) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
+async def _one_request(client, url: str, prompt_ids: list[int], max_tokens: int) -> dict:
+    body = {
+        "prompt": prompt_ids,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    t0 = time.perf_counter()
+    times, text, tokens = [], [], max_tokens
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"benchmark request failed: {response.status_code} {await response.aread()!r}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            piece = "".join(c.get("text") or "" for c in chunk.get("choices") or [])
+            if piece:  # a chunk with text: tokens arrived (a last chunk may carry only usage or finish_reason)
+                times.append(time.perf_counter())
+                text.append(piece)
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    if not times:
+        raise RuntimeError("benchmark request streamed no text")
+    return {
+        "ttft": times[0] - t0,
+        "itl": [b - a for a, b in zip(times, times[1:])],
+        "end": times[-1],
+        "seconds": times[-1] - t0,
+        "text": "".join(text),
+        "tokens": tokens,
+    }
+
+
+async def run_level(url: str, prompts: list[list[int]], concurrency: int, num_requests: int, max_tokens: int) -> dict:
+    """Send num_requests requests with `concurrency` clients; return throughput and latency percentiles."""
+    import httpx
+
+    queue = list(range(num_requests))
+    results: dict[int, dict] = {}
+    prompt_tokens = sum(len(prompts[i % len(prompts)]) for i in queue)
+
+    async def worker(client) -> None:
+        while queue:
+            i = queue.pop(0)
+            results[i] = await _one_request(client, url, prompts[i % len(prompts)], max_tokens)
+
+    # A fresh connection per request: llama-server (cpp-httplib) closes a kept-alive connection after a
+    # few requests, and a client that reuses it then sees "Server disconnected without sending a response".
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    results = [results[i] for i in range(num_requests)]
+    ttft = [r["ttft"] for r in results]
+    itl = [x for r in results for x in r["itl"]]
+    tokens = sum(r["tokens"] for r in results)
+    return {
+        "concurrency": concurrency,
+        "requests": num_requests,
+        "tokens": tokens,
+        "seconds": wall,
+        "tokens_per_s": tokens / wall,
+        "prompt_tokens": prompt_tokens,
+        "total_tokens_per_s": (tokens + prompt_tokens) / wall,
+        "ttft_p50": percentile(ttft, 0.5),
+        "ttft_p99": percentile(ttft, 0.99),
+        "itl_p50": percentile(itl, 0.5),
+        "itl_p99": percentile(itl, 0.99),
+        "itl_mean": statistics.fmean(itl) if itl else 0.0,
+        "request_tokens": [r["tokens"] for r in results],  # by request: per-category rates (serve_categories.py)
+        "request_seconds": [r["seconds"] for r in results],
+        "texts": [r["text"] for r in results],  # by request; callers drop it before writing results
+    }
+
+
+def main() -> None:
+    job = json.load(sys.stdin)
+    url, prompts, max_tokens = job["url"], job["prompts"], job["max_tokens"]
+    asyncio.run(run_level(url, prompts, 1, 1, 4))  # warm-up
+    rows = [asyncio.run(run_level(url, prompts, c, n, max_tokens)) for c, n in job["levels"]]
+    json.dump(rows, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
