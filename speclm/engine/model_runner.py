@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from speclm.kv.hybrid import HybridKVCache
 from speclm.kv.paged_cache import PagedKVCache
 from speclm.kv.quantized import int8_bytes_per_token
 from speclm.models.attention import BatchEntry, PagedAttentionMetadata
@@ -33,17 +34,34 @@ class ModelRunner:
     def context_length(self) -> int:
         return self.config.max_position_embeddings
 
-    def new_paged_cache(self, num_blocks: int, block_size: int, quantize: bool = False) -> PagedKVCache:
+    @property
+    def local_layers(self) -> list[bool]:
+        """Per layer: whether it attends over a sliding window."""
+        return [self.config.is_local(i) for i in range(self.config.num_layers)]
+
+    def new_paged_cache(
+        self, num_blocks: int, block_size: int, quantize: bool = False, num_layers: int | None = None
+    ) -> PagedKVCache:
+        """A pool of num_blocks blocks for every layer (or for num_layers of them: one kind's pool)."""
         c, device = self.config, self.model.device
+        layers = c.num_layers if num_layers is None else num_layers
         return PagedKVCache(
-            c.num_layers, c.num_kv_heads, c.head_dim, num_blocks, block_size, self.model.attn_dtype, device, quantize
+            layers, c.num_kv_heads, c.head_dim, num_blocks, block_size, self.model.attn_dtype, device, quantize
         )
 
-    def kv_bytes_per_token(self, quantize: bool = False) -> int:
+    def new_hybrid_cache(self, full_blocks: int, local_blocks: int, block_size: int, quantize: bool) -> HybridKVCache:
+        """The two pools of a model with sliding-window layers (speclm/kv/hybrid.py)."""
+        local, num_local = self.local_layers, sum(self.local_layers)
+        full = self.new_paged_cache(full_blocks, block_size, quantize, len(local) - num_local)
+        return HybridKVCache(full, self.new_paged_cache(local_blocks, block_size, quantize, num_local), local)
+
+    def kv_bytes_per_token(self, quantize: bool = False, num_layers: int | None = None) -> int:
+        """Bytes of keys and values per token in every layer (or in num_layers of them)."""
         c = self.config
+        layers = c.num_layers if num_layers is None else num_layers
         if quantize:
-            return int8_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim)
-        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.model.attn_dtype.itemsize
+            return int8_bytes_per_token(layers, c.num_kv_heads, c.head_dim)
+        return 2 * layers * c.num_kv_heads * c.head_dim * self.model.attn_dtype.itemsize
 
     def forward_batch(
         self, cache: PagedKVCache, entries: list[BatchEntry], queries: list[torch.Tensor] | None = None
@@ -56,7 +74,7 @@ class ModelRunner:
         """
         self.thread_watch.observe()
         t0 = time.perf_counter()
-        device = cache.keys.device
+        device = self.model.device
         tokens = torch.tensor([t for e in entries for t in e.tokens], dtype=torch.long, device=device)
         positions = torch.tensor([p for e in entries for p in e.positions()], device=device)
         rows, offset = [], 0
