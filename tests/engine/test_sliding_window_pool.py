@@ -84,6 +84,8 @@ def test_plain_and_speculative_greedy_equal_masking_and_transformers(gemma):
     for spec in ("ngram", "lookahead"):
         tokens, most, accepted = run(engine(llm, spec))
         assert tokens == masked and accepted > 0, spec
+    int8 = run(engine(llm, kv_cache_dtype="int8"))[0]  # (int8 slots are gathered per sequence)
+    assert int8 == run(engine(llm, kv_cache_dtype="int8", sliding_window_pool=False))[0]
     # token trees: the accepted path moves after its root in both pools
     proposer = OracleTreeProposer(PROMPT + masked, llm.model.config.vocab_size, seed=3)
     out = engine_with_proposer(llm, proposer, 8, config=CacheConfig(block_size=BLOCK)).generate(
