@@ -179,6 +179,9 @@ class CacheConfig:
     # with a per-sequence budget: an int of tokens, or a float fraction in (0, 1) of the sequence's length.
     kv_eviction: str | None = None
     kv_budget: int | float | None = None
+    # Sliding-window layers (gemma3's local ones) in a pool of their own that keeps their window only
+    # (speclm/kv/hybrid.py); False: they read a whole-length pool through a mask (what memory is compared with).
+    sliding_window_pool: bool = True
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in ("auto", "int8"):
@@ -257,6 +260,23 @@ class CacheConfig:
         by_memory = int(self.kv_cache_mb * 2**20 // (bytes_per_token * self.block_size))
         by_demand = -(-self.max_num_seqs * context_length // self.block_size)
         return max(1, min(by_memory, by_demand))
+
+    def resolve_hybrid_blocks(
+        self, full_bytes_per_token: int, local_bytes_per_token: int, context_length: int, window: int
+    ) -> tuple[int, int]:
+        """(full, local) blocks of the two pools of a model with sliding-window layers (speclm/kv/hybrid.py).
+        A running sequence holds at most its window plus a step's rows in the local pool; the local pool is
+        sized for max_num_seqs of those (at most half of kv_cache_mb, never more blocks than the full pool)
+        and the full pool gets the rest of kv_cache_mb, or num_blocks when that is given."""
+        per_sequence = -(-(window - 1 + self.max_num_batched_tokens) // self.block_size) + 1
+        local_demand = self.max_num_seqs * per_sequence
+        if self.num_blocks is not None:
+            return self.num_blocks, min(self.num_blocks, local_demand)
+        budget, block = self.kv_cache_mb * 2**20, self.block_size
+        local = max(per_sequence, min(local_demand, int(budget / 2 // (local_bytes_per_token * block))))
+        by_memory = int((budget - local * local_bytes_per_token * block) // (full_bytes_per_token * block))
+        full = max(1, min(by_memory, -(-self.max_num_seqs * context_length // block)))
+        return full, min(full, local)
 
 
 WEIGHT_FORMATS = ("auto", "fp32", "bf16", "int8", "int4", "q4_0")

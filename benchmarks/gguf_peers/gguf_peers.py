@@ -2,11 +2,13 @@
 memory, load to first token, greedy agreement (tokens matched before the first divergence, and there
 each engine's logit margin for its own token over the other's) and decoding speed, prompts interleaved.
 
-python benchmarks/gguf_peers/gguf_peers.py --llama-python PYTHON [--models default,target,pair]
-    --out benchmarks/gguf_peers/NAME
+python benchmarks/gguf_peers/gguf_peers.py --llama-python PYTHON [--models default,target,pair,gemma]
+    [--spec ngram,lookahead] --out benchmarks/gguf_peers/NAME
 
 PYTHON is a Python with llama-cpp-python installed (`pip install 'speclm[peers]'`, or a venv of its own so
-that llama.cpp's memory is measured without torch); the pair comes from `make pair`.
+that llama.cpp's memory is measured without torch); the pair comes from `make pair`, Gemma-3-270M from
+`make gemma`. With --spec, speclm also decodes every prompt with each speculative method (a process each):
+its tokens per second, and whether its output equals speclm's plain greedy output (it must).
 """
 
 from __future__ import annotations
@@ -80,9 +82,16 @@ def warm_page_cache(path: str) -> None:
 
 
 def compare(
-    model: str, draft: str | None, llama_python: str, threads: int, prompts: list[dict], max_tokens: int
+    model: str,
+    draft: str | None,
+    llama_python: str,
+    threads: int,
+    prompts: list[dict],
+    max_tokens: int,
+    specs: list[str] = (),
 ) -> dict:
-    """Both engines on one model (with the draft loaded too when given): memory, load, agreement, speed."""
+    """Both engines on one model (with the draft loaded too when given): memory, load, agreement, speed;
+    and speclm with each speculative method of `specs`: speed, and exactness against its plain greedy output."""
     for path in [model] + ([draft] if draft else []):
         warm_page_cache(path)
     speclm_cmd = [sys.executable, str(Path(__file__).with_name("speclm_worker.py")), model, str(threads), "auto"]
@@ -112,11 +121,14 @@ def compare(
         no_cache = workers.pop(NO_PACK_CACHE)  # (its peak memory after a load; it decodes as "speclm")
         result[NO_PACK_CACHE]["peak_rss_mb"] = no_cache.ask(job="memory")["peak_rss_mb"]
         no_cache.close()
+        for spec in specs:  # (after the load timing: their loads are not timed)
+            workers[f"speclm {spec}"] = Worker(speclm_cmd[:5] + [spec], threads)
         runs = {name: [] for name in workers}
         for p in prompts:  # interleaved: a drift in the machine's load hits both engines alike
             for name, w in workers.items():
                 runs[name].append(w.ask(job="generate", ids=p["ids"], max_tokens=max_tokens))
         for name in workers:
+            result.setdefault(name, {})
             tokens = sum(len(r["tokens"]) for r in runs[name])
             result[name]["tokens_per_s"] = tokens / sum(r["seconds"] for r in runs[name])
             result[name]["tokens_per_s_median_prompt"] = statistics.median(
@@ -133,6 +145,9 @@ def compare(
                     row[f"logit_gap_{name}"] = logits["logits"][0] - logits["logits"][1]
             agreement.append(row)
         result["agreement"] = agreement
+        for spec in specs:
+            name = f"speclm {spec}"
+            result[name]["exact"] = [r["tokens"] for r in runs[name]] == [r["tokens"] for r in runs["speclm"]]
         result["logit_noise"] = [logit_noise(workers, p["ids"]) for p in prompts]
         for name, w in workers.items():
             result[name]["peak_rss_mb"] = w.ask(job="memory")["peak_rss_mb"]
@@ -193,6 +208,24 @@ def markdown(report: dict) -> str:
             if "tokens_per_s" in e:
                 speed = f"{e['tokens_per_s']:.1f} | {e['tokens_per_s'] / ll['tokens_per_s']:.2f}x"
             lines.append(f"| {label} | {name} | {rss} | {load:.2f} | {load / ll_load:.2f}x | {speed} |")
+    spec_rows = [
+        f"| {label} | {name} | {e['tokens_per_s']:.1f} | {e['tokens_per_s'] / r['speclm']['tokens_per_s']:.2f}x "
+        f"| {e['tokens_per_s'] / r['llama.cpp']['tokens_per_s']:.2f}x | {'yes' if e['exact'] else 'NO'} |"
+        for label, r in report["results"].items()
+        for name, e in r.items()
+        if name.startswith("speclm ") and "exact" in e
+    ]
+    if spec_rows:
+        lines += [
+            "",
+            "speclm's speculative methods on the same prompts (interleaved with the runs above): tokens/s against "
+            "speclm's plain decoding and llama.cpp's, and whether every prompt's output equals speclm's plain "
+            "greedy output.",
+            "",
+            "| model | engine | tokens/s | vs speclm | vs llama.cpp | equal to plain greedy |",
+            "|---|---|---:|---:|---:|---|",
+            *spec_rows,
+        ]
     lines += [
         "",
         f"Greedy agreement ({report['max_tokens']} tokens): tokens before the first divergence from "
@@ -229,6 +262,7 @@ def markdown(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from speclm.bench.machine import machine_info
+    from speclm.data.gemma import gemma_path
     from speclm.data.pair import pair_path
     from speclm.models.loader import default_model_path
     from speclm.tokenizer import load_tokenizer
@@ -236,7 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python benchmarks/gguf_peers/gguf_peers.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--llama-python", required=True, help="a Python executable with llama-cpp-python installed")
     p.add_argument("--llama-cpp", default="llama-cpp-python", help="how that llama.cpp was built (for the report)")
-    p.add_argument("--models", default="default,target,pair", help="default, target (the 1.5B), pair (+ the 0.5B)")
+    p.add_argument(
+        "--models", default="default,target,pair", help="default, target (the 1.5B), pair (+ the 0.5B), gemma"
+    )
+    p.add_argument("--spec", default="", help="speclm's speculative methods to run too, e.g. ngram,lookahead")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
@@ -247,22 +284,27 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     if any(m in wanted for m in ("target", "pair")) and not pair_path("target"):
         raise SystemExit("the real pair is missing: run `make pair` first")
+    if "gemma" in wanted and not gemma_path():
+        raise SystemExit("Gemma-3-270M is missing: run `make gemma` first")
     models = {
         "default": (default_model_path(), None),
         "target": (pair_path("target"), None),
         "pair": (pair_path("target"), pair_path("draft")),
+        "gemma": (gemma_path(), None),
     }
     results = {}
     for label in wanted:
         model, draft = models[label]
         prompts = prompts_for(load_tokenizer(model, None), args.prompts)
         print(f"{label}: {len(prompts)} prompts ...", file=sys.stderr, flush=True)
-        results[label] = compare(model, draft, args.llama_python, args.threads, prompts, args.max_tokens)
+        specs = [m for m in args.spec.split(",") if m]
+        results[label] = compare(model, draft, args.llama_python, args.threads, prompts, args.max_tokens, specs)
     report = {
         "command": "python benchmarks/gguf_peers/gguf_peers.py " + " ".join(argv or sys.argv[1:]),
         "machine": machine_info(),
         "threads": args.threads,
         "max_tokens": args.max_tokens,
+        "spec": args.spec,
         "llama_cpp": args.llama_cpp,
         "results": results,
     }

@@ -30,6 +30,7 @@ from speclm.engine.sequence_table import SequenceTable
 from speclm.engine.speculation import Speculation
 from speclm.engine.stop import OutputTracker
 from speclm.kv.block_manager import BlockManager
+from speclm.kv.hybrid import HybridBlockManager
 from speclm.speculative.factory import ProposerFactory
 from speclm.structured.matcher import GrammarMatcher, GrammarVocab
 from speclm.tokenizer import Tokenizer
@@ -65,16 +66,10 @@ class Engine:
         self.spec, self.make_proposer = spec, make_proposer
         self.runner, self.tokenizer = runner, tokenizer
         self.config = config or CacheConfig()
-        quantize = self.config.kv_cache_dtype == "int8"
-        num_blocks = self.config.resolve_num_blocks(runner.kv_bytes_per_token(quantize), runner.context_length)
+        self._new_pools(runner)
         bs, window, evicting = self.config.block_size, self.config.streaming_window, self.config.token_eviction
-        window_blocks = None if window is None else -(-window // bs)
-        prefix_caching = self.config.enable_prefix_caching and not evicting  # H2O, SnapKV rewrite blocks in place
-        self.block_manager = BlockManager(
-            num_blocks, bs, prefix_caching, window_blocks, -(-self.config.attention_sinks // bs)
-        )
+        num_blocks = self.block_manager.num_blocks
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens)
-        self.cache = runner.new_paged_cache(num_blocks, bs, quantize)
         self.evictor = KVEvictor(self.config, runner.config, self.cache, self.block_manager) if evicting else None
         # Eviction bounds each sequence's entries, not its length (positions keep counting).
         bounded = window or evicting
@@ -89,6 +84,34 @@ class Engine:
             runner, self.cache, self.block_manager, self.scheduler, self.sequences, self.evictor
         )
         self.num_steps = 0
+
+    def _new_pools(self, runner: ModelRunner) -> None:
+        """The block manager and the cache: one pool for every layer, or with sliding-window layers a
+        pool of their own that keeps their window only (speclm/kv/hybrid.py; not with H2O / SnapKV,
+        which compact every layer's entries alike: their sliding-window layers mask a whole-length pool)."""
+        config, quantize, bs = self.config, self.config.kv_cache_dtype == "int8", self.config.block_size
+        evicting, window = config.token_eviction, config.streaming_window
+        window_blocks = None if window is None else -(-window // bs)
+        prefix_caching = config.enable_prefix_caching and not evicting  # H2O, SnapKV rewrite blocks in place
+        sinks = -(-config.attention_sinks // bs)
+        local_layers, sliding = runner.local_layers, runner.config.sliding_window
+        if not any(local_layers) or evicting or not config.sliding_window_pool:
+            num_blocks = config.resolve_num_blocks(runner.kv_bytes_per_token(quantize), runner.context_length)
+            self.block_manager = BlockManager(num_blocks, bs, prefix_caching, window_blocks, sinks)
+            self.cache = runner.new_paged_cache(num_blocks, bs, quantize)
+            return
+        num_local = sum(local_layers)
+        full_blocks, local_blocks = config.resolve_hybrid_blocks(
+            runner.kv_bytes_per_token(quantize, len(local_layers) - num_local),
+            runner.kv_bytes_per_token(quantize, num_local),
+            runner.context_length,
+            sliding,
+        )
+        self.block_manager = HybridBlockManager(
+            BlockManager(full_blocks, bs, prefix_caching, window_blocks, sinks),
+            BlockManager(local_blocks, bs, prefix_caching, sliding_window=sliding),
+        )
+        self.cache = runner.new_hybrid_cache(full_blocks, local_blocks, bs, quantize)
 
     # -- requests ----------------------------------------------------------------------
     @property

@@ -25,4 +25,5 @@ def _entry(chunk: ScheduledChunk, block_manager: BlockManager, table: SequenceTa
         row_paths = None if tree.is_chain() else tree.row_paths()
         if speculation.lazy_logits(tree):
             num_logits = 0
-    return BatchEntry(chunk.tokens, chunk.start, block_manager.slot_ids(seq.seq_id, 0, end), num_logits, row_paths)
+    slots, local_slots = block_manager.slot_ids(seq.seq_id, 0, end), block_manager.local_slot_ids(seq.seq_id, 0, end)
+    return BatchEntry(chunk.tokens, chunk.start, slots, num_logits, row_paths, local_slots)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from speclm.engine.decode_graphs import DecodeGraphs
+from speclm.kv.hybrid import HybridKVCache
 from speclm.kv.paged_cache import PagedKVCache
 from speclm.kv.quantized import int8_bytes_per_token
 from speclm.models.attention import BatchEntry, PagedAttentionMetadata
@@ -50,15 +51,23 @@ class ModelRunner:
     def context_length(self) -> int:
         return self.config.max_position_embeddings
 
-    def new_paged_cache(self, num_blocks: int, block_size: int, quantize: bool = False) -> PagedKVCache:
-        """A pool of `num_blocks` blocks for the block manager. With decode graphs it has one block more,
-        never handed out: padded rows of a static step write their keys there."""
+    @property
+    def local_layers(self) -> list[bool]:
+        """Per layer: whether it attends over a sliding window."""
+        return [self.config.is_local(i) for i in range(self.config.num_layers)]
+
+    def new_paged_cache(
+        self, num_blocks: int, block_size: int, quantize: bool = False, num_layers: int | None = None
+    ) -> PagedKVCache:
+        """A pool of num_blocks blocks for every layer (or for num_layers of them: one kind's pool). A whole
+        model's pool with decode graphs has one block more, never handed out: padded rows of a static step
+        write their keys there (a model with a pool per layer kind runs its steps eagerly)."""
         c, device = self.config, self.model.device
-        spare = 1 if self.graph_mode and not quantize else 0
+        layers = c.num_layers if num_layers is None else num_layers
+        spare = 1 if self.graph_mode and not quantize and num_layers is None else 0
         cache = PagedKVCache(
-            c.num_layers, c.num_kv_heads, c.head_dim, num_blocks + spare, block_size, self.model.attn_dtype, device,
-            quantize,
-        )  # fmt: skip
+            layers, c.num_kv_heads, c.head_dim, num_blocks + spare, block_size, self.model.attn_dtype, device, quantize
+        )
         if spare:
             pool = num_blocks * block_size
             self._graphs[cache] = DecodeGraphs(self.model, pool, pool, self.graph_mode)
@@ -68,11 +77,19 @@ class ModelRunner:
         """The static buffers and graphs of `cache` (None without decode graphs)."""
         return self._graphs.get(cache)
 
-    def kv_bytes_per_token(self, quantize: bool = False) -> int:
+    def new_hybrid_cache(self, full_blocks: int, local_blocks: int, block_size: int, quantize: bool) -> HybridKVCache:
+        """The two pools of a model with sliding-window layers (speclm/kv/hybrid.py)."""
+        local, num_local = self.local_layers, sum(self.local_layers)
+        full = self.new_paged_cache(full_blocks, block_size, quantize, len(local) - num_local)
+        return HybridKVCache(full, self.new_paged_cache(local_blocks, block_size, quantize, num_local), local)
+
+    def kv_bytes_per_token(self, quantize: bool = False, num_layers: int | None = None) -> int:
+        """Bytes of keys and values per token in every layer (or in num_layers of them)."""
         c = self.config
+        layers = c.num_layers if num_layers is None else num_layers
         if quantize:
-            return int8_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim)
-        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.model.attn_dtype.itemsize
+            return int8_bytes_per_token(layers, c.num_kv_heads, c.head_dim)
+        return 2 * layers * c.num_kv_heads * c.head_dim * self.model.attn_dtype.itemsize
 
     def forward_batch(
         self, cache: PagedKVCache, entries: list[BatchEntry], queries: list[torch.Tensor] | None = None
@@ -92,7 +109,7 @@ class ModelRunner:
             seconds = time.perf_counter() - t0
             self.slow_steps.observe(len(hidden), seconds)
             return logits, hidden, seconds
-        device = cache.keys.device
+        device = self.model.device
         tokens = torch.tensor([t for e in entries for t in e.tokens], dtype=torch.long, device=device)
         positions = torch.tensor([p for e in entries for p in e.positions()], device=device)
         rows, offset = [], 0

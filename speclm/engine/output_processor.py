@@ -137,8 +137,12 @@ class OutputProcessor:
         )
         kept = [0] + [i + 1 for i in result.path]  # rows whose next tokens are now committed
         if not tree.is_chain():  # row r sits at the slot of position start + r: the path moves after the root
-            new_slots = self.block_manager.slot_ids(seq.seq_id, chunk.start, chunk.start + chunk.num_tokens)
-            self.cache.move_slots([new_slots[r] for r in kept[1:]], new_slots[1 : len(kept)])
+            end, moves = chunk.start + chunk.num_tokens, []
+            for slots in (self.block_manager.slot_ids, self.block_manager.local_slot_ids):  # (a local pool's too)
+                new_slots = slots(seq.seq_id, chunk.start, end)
+                if new_slots is not None:
+                    moves += [[new_slots[r] for r in kept[1:]], new_slots[1 : len(kept)]]
+            self.cache.move_slots(*moves)
         seq.num_computed += result.num_accepted
         if state.eviction is not None:  # the committed rows only, their keys now at consecutive slots
             self.evictor.observe(state.eviction, chunk.start, entry.slots, queries, kept)

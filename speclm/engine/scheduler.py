@@ -152,7 +152,7 @@ class Scheduler:
             if not granted or not chunk.completes:
                 continue
             end = chunk.start + chunk.num_tokens
-            copies = self.blocks.ensure_slots(chunk.seq.seq_id, end, end + granted)
+            copies = self.blocks.ensure_slots(chunk.seq.seq_id, end, end + granted, first_row=chunk.start)
             if copies is None:  # no free block for them: this step runs without drafts
                 continue
             out.copies += copies

@@ -38,12 +38,26 @@ class PrefixCacheStats:
         return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
 
 
-EVICTED = -1  # block-table entry of a block dropped by the StreamingLLM window
+EVICTED = -1  # block-table entry of a block dropped by the StreamingLLM window or a sliding window
+
+BlockKey = tuple[int | None, tuple[int, ...], int]  # a full block's (parent hash, its tokens, its chain hash)
 
 
 def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
     """Hash of a full block given the hash of the block before it (None for the first block)."""
     return hash((parent, tokens))
+
+
+def prefix_keys(token_ids: list[int], block_size: int) -> list[BlockKey]:
+    """The keys of the full blocks of token_ids that a prefix-cache hit may cover: all but the last token,
+    whose logits are needed."""
+    keys, parent = [], None
+    for i in range((len(token_ids) - 1) // block_size):
+        tokens = tuple(token_ids[i * block_size : (i + 1) * block_size])
+        h = chain_hash(parent, tokens)
+        keys.append((parent, tokens, h))
+        parent = h
+    return keys
 
 
 class BlockManager:
@@ -55,6 +69,12 @@ class BlockManager:
     With `window_blocks` set (StreamingLLM), a sequence keeps at most that many blocks: its first
     `sink_blocks` (attention sinks) and the most recent ones; older blocks are dropped from its
     table (EVICTED) as it grows, so generation can run past the pool's per-sequence capacity.
+
+    With `sliding_window` set (the pool of sliding-window layers, speclm/kv/hybrid.py), a sequence's
+    blocks that lie wholly before the window of the first row it runs are dropped (EVICTED) when it
+    asks for slots: no later row attends to them, so this is exact, unlike StreamingLLM. A sequence
+    then holds at most its window plus its rows' blocks; a prefix-cache hit needs only the blocks
+    under the window of the first row it computes.
     """
 
     def __init__(
@@ -64,6 +84,7 @@ class BlockManager:
         enable_prefix_caching: bool = True,
         window_blocks: int | None = None,
         sink_blocks: int = 1,
+        sliding_window: int | None = None,
     ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
@@ -72,7 +93,10 @@ class BlockManager:
                 f"the streaming window needs sink blocks ({sink_blocks}) < window blocks "
                 f"({window_blocks}) <= pool blocks ({num_blocks})"
             )
+        if sliding_window is not None and (sliding_window < 1 or window_blocks is not None):
+            raise ValueError(f"a sliding window ({sliding_window}) must be >= 1 and not a streaming window too")
         self.window_blocks, self.sink_blocks = window_blocks, sink_blocks
+        self.sliding_window = sliding_window
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -113,6 +137,10 @@ class BlockManager:
         blocks, d = seq.blocks, seq.dropped
         return [blocks[i // bs] * bs + i % bs for i in range(max(0, start - d), end - d) if blocks[i // bs] != EVICTED]
 
+    def local_slot_ids(self, seq_id: str, start: int, end: int) -> None:
+        """The slots of a separate pool of sliding-window layers (speclm/kv/hybrid.py): none here."""
+        return None
+
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
@@ -121,41 +149,59 @@ class BlockManager:
         """Start a sequence: attach cached blocks holding a prefix of token_ids; return how many
         tokens they cover. At least the last prompt token is left to compute (its logits are needed).
         reuse_prefix=False computes every token (its blocks are still offered to later prompts)."""
+        if not self.enable_prefix_caching or not reuse_prefix:
+            self.attach(seq_id, [], 0)
+            return 0
+        keys = prefix_keys(token_ids, self.block_size)
+        hit = self.longest_hit(keys, len(keys))
+        self.attach(seq_id, keys, hit)
+        self.stats.queried_tokens += len(token_ids)
+        self.stats.hit_tokens += hit * self.block_size
+        return hit * self.block_size
+
+    def longest_hit(self, keys: list[BlockKey], limit: int) -> int:
+        """The most leading blocks (at most `limit`) of a prompt with these block keys that this pool can
+        serve from its prefix cache: all of them, or with a sliding window those under the window of the
+        first row computed after them."""
+        if self.sliding_window is None:
+            n = 0
+            while n < limit and self._cached(keys[n]) is not None:
+                n += 1
+            return n
+        for n in range(limit, 0, -1):
+            if all(self._cached(keys[i]) is not None for i in range(self._first_needed_block(n * self.block_size), n)):
+                return n
+        return 0
+
+    def attach(self, seq_id: str, keys: list[BlockKey], num_blocks: int) -> None:
+        """Start a sequence on the cached blocks of its first num_blocks keys (longest_hit said they are
+        there; with a sliding window only those under the window are taken, the others are EVICTED)."""
         assert seq_id not in self._seqs, seq_id
         seq = _SequenceBlocks()
         self._seqs[seq_id] = seq
-        if not self.enable_prefix_caching or not reuse_prefix:
-            return 0
-        self.stats.queried_tokens += len(token_ids)
-        bs = self.block_size
-        for i in range((len(token_ids) - 1) // bs):
-            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
-            h = chain_hash(seq.last_hash, tokens)
-            block = self._hash_to_block.get(h)
-            if block is None or self._block_key[block][:2] != (seq.last_hash, tokens):
-                break
-            self._take(block)
+        first = self._first_needed_block(num_blocks * self.block_size) if self.sliding_window else 0
+        for i, key in enumerate(keys[:num_blocks]):
+            block = EVICTED if i < first else self._cached(key)
+            assert block is not None, key
+            if block != EVICTED:
+                self._take(block)
             seq.blocks.append(block)
-            seq.hashes.append(h)
-        cached = len(seq.blocks) * bs
-        self.stats.hit_tokens += cached
-        return cached
+            seq.hashes.append(key[2])
 
-    def ensure_slots(self, seq_id: str, write_from: int, end: int) -> list[tuple[int, int]] | None:
+    def ensure_slots(
+        self, seq_id: str, write_from: int, end: int, first_row: int | None = None
+    ) -> list[tuple[int, int]] | None:
         """Make slots write_from..end-1 writable: add blocks up to `end` tokens and copy any shared
         block in that range (copy-on-write). Returns the (src, dst) block copies the caller must do
-        on the tensors, or None (changing nothing) when there are not enough free blocks."""
+        on the tensors, or None (changing nothing but a sliding window's drops) when there are not
+        enough free blocks. `first_row` (default write_from): the first row the step runs for this
+        sequence (drafts are written after it), whose window bounds what a sliding window keeps."""
+        self.slide(seq_id, write_from if first_row is None else first_row)
         seq = self._seqs[seq_id]
-        bs = self.block_size
         write_from, end = write_from - seq.dropped, end - seq.dropped
-        new_blocks = max(0, self.blocks_needed(end) - len(seq.blocks))
+        new_blocks, shared = self._wanted(seq, write_from, end)
         if self.window_blocks is not None:
             self._slide_window(seq, write_from, new_blocks)
-        shared = [
-            i
-            for i in range(write_from // bs, min(len(seq.blocks), self.blocks_needed(end)))
-            if self.ref_counts[seq.blocks[i]] > 1
-        ]
         if new_blocks + len(shared) > self.num_free_blocks:
             return None
         copies = []
@@ -167,6 +213,24 @@ class BlockManager:
             del seq.hashes[i:]  # a copied block is no longer the cached one
         seq.blocks.extend(self._pop_free() for _ in range(new_blocks))
         return copies
+
+    def blocks_wanted(self, seq_id: str, write_from: int, end: int) -> int:
+        """Free blocks ensure_slots(seq_id, write_from, end) would take (after `slide`)."""
+        seq = self._seqs[seq_id]
+        new_blocks, shared = self._wanted(seq, write_from - seq.dropped, end - seq.dropped)
+        return new_blocks + len(shared)
+
+    def slide(self, seq_id: str, first_row: int) -> None:
+        """With a sliding window: release the sequence's blocks wholly before the window of position
+        first_row (the first it will run; nothing before it is computed again but after a preemption,
+        which starts over)."""
+        if self.sliding_window is None:
+            return
+        seq = self._seqs[seq_id]
+        for i in range(min(self._first_needed_block(first_row), len(seq.blocks))):
+            if seq.blocks[i] != EVICTED:
+                self._release(seq.blocks[i])
+                seq.blocks[i] = EVICTED
 
     def compact(self, seq_id: str, num_held: int, num_kept: int) -> None:
         """Token-granular eviction: the sequence's first num_held entries become num_kept, which the
@@ -233,6 +297,22 @@ class BlockManager:
                 self._release(block)
 
     # -- private ---------------------------------------------------------------------------
+    def _first_needed_block(self, first_row: int) -> int:
+        """With a sliding window: the first block that rows from position first_row on attend to."""
+        return max(0, first_row - self.sliding_window + 1) // self.block_size
+
+    def _cached(self, key: BlockKey) -> int | None:
+        """The cached block holding this key's tokens, or None."""
+        block = self._hash_to_block.get(key[2])
+        return block if block is not None and self._block_key[block][:2] == key[:2] else None
+
+    def _wanted(self, seq: _SequenceBlocks, write_from: int, end: int) -> tuple[int, list[int]]:
+        """(blocks to add, indices of shared blocks to copy) for writing entries write_from..end-1."""
+        bs, needed = self.block_size, self.blocks_needed(end)
+        held = range(write_from // bs, min(len(seq.blocks), needed))
+        shared = [i for i in held if self.ref_counts[seq.blocks[i]] > 1]
+        return max(0, needed - len(seq.blocks)), shared
+
     def _slide_window(self, seq: _SequenceBlocks, write_from: int, new_blocks: int) -> None:
         """Drop the oldest non-sink blocks (never one being written) until the window has room."""
         kept = [i for i, b in enumerate(seq.blocks) if b != EVICTED]

@@ -6,7 +6,7 @@ grouped-query self-attention with its fused rotary write into the cache.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import NamedTuple
 
@@ -131,6 +131,11 @@ class AttentionMetadata:
         """Unknown here: the caller's positions need not be start.. (a draft's tree)."""
         return None
 
+    @property
+    def local(self) -> None:
+        """The metadata of sliding-window layers that have a pool of their own: none on a contiguous cache."""
+        return None
+
     def sdpa_mask(self) -> tuple[torch.Tensor | None, bool]:
         """(attn_mask, is_causal) arguments for scaled_dot_product_attention."""
         if self.mask is not None:
@@ -191,7 +196,8 @@ class AttentionMetadata:
 class BatchEntry:
     """One sequence's part of a batched step: new tokens at positions start.., the cache slots of
     its tokens 0..start+len(tokens)-1 (minus any a StreamingLLM window dropped; the new tokens'
-    slots are the last ones), and how many trailing rows need logits.
+    slots are the last ones), and how many trailing rows need logits. `local_slots`: the same in the
+    pool of sliding-window layers when they have one (speclm/kv/hybrid.py), where only a suffix is held.
 
     `row_paths` marks a token-tree verification (speclm/sample/tree.py): tokens are the pending token
     then the tree's nodes, row r (written at the slot of position start + r) sits at position
@@ -202,6 +208,7 @@ class BatchEntry:
     slots: list[int]
     num_logits: int
     row_paths: list[list[int]] | None = None
+    local_slots: list[int] | None = None
 
     def positions(self) -> list[int]:
         """The rotary position of every new token."""
@@ -250,6 +257,10 @@ class PagedAttentionMetadata:
         self.num_tokens = len(self.slot_mapping)
         # The largest rotary position of the step, known on the host (no read-back from a GPU).
         self.max_position = max((e.start + len(e.tokens) - 1 for e in entries), default=0)
+        # Sliding-window layers with a pool of their own read and write its slots (their keys' order is the same).
+        local = [replace(e, slots=e.local_slots, local_slots=None) for e in entries if e.local_slots is not None]
+        assert not local or len(local) == len(entries)
+        self.local = PagedAttentionMetadata(local, device, queries, prompt_sdpa) if local else None
         self._pooled: DecodeRows | None = None
         self._windowed: dict[int, DecodeRows] = {}  # window -> pooled rows over their windows
         self._gpu_plan: GpuBatchPlan | None = None  # built by the first layer of a step on a GPU

@@ -133,13 +133,15 @@ class LlamaModel(nn.Module):
             return self.norm(x)
         for i in range(num_layers or len(self.layers)):
             k_cache, v_cache = cache.layer(i)
-            c, s = local if local is not None and self.config.is_local(i) else (cos, sin)
+            is_local = self.config.is_local(i)
+            c, s = local if local is not None and is_local else (cos, sin)
+            m = meta.local if is_local and meta.local is not None else meta  # (a pool of their own)
             if ops is None:
-                x = self.layers[i](x, c, s, k_cache, v_cache, meta)
+                x = self.layers[i](x, c, s, k_cache, v_cache, m)
             elif type(ops[i]) is VariantOps:
-                x = variant_layer(x, ops[i], c, s, k_cache, v_cache, meta)
+                x = variant_layer(x, ops[i], c, s, k_cache, v_cache, m)
             else:
-                x = decoder_layer(x, ops[i], c, s, k_cache, v_cache, meta)
+                x = decoder_layer(x, ops[i], c, s, k_cache, v_cache, m)
         return self.norm(x)
 
     @torch.inference_mode()
