@@ -29,6 +29,7 @@ class StaticRowsMetadata:
         self.rows = DecodeRows(lengths, table, table_rows)
         self.num_tokens = len(write_slots)
         self.max_position = max_position  # the rotary tables already cover it (LlamaModel.reserve_positions)
+        self.local = None  # (sliding-window layers with a pool of their own run their steps eagerly)
         self._windowed: dict[int, DecodeRows] = {}
 
     def write_slots(self, device: torch.device) -> torch.Tensor:

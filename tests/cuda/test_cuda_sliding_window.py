@@ -4,6 +4,8 @@ CUDA graphs generate the eager tokens."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from speclm import SamplingParams
@@ -43,5 +45,9 @@ def test_sliding_window_model_on_gpu(gemma3_dir):
     plain = [o.token_ids for o in half.generate(PROMPTS, GREEDY)]
     assert outputs(half, "ngram") == plain
     assert outputs(eager) == plain
-    graphs = half.runner.decode_graphs(half.engine.cache)
+    # Decode graphs serve a model whose layers share one pool (CacheConfig(sliding_window_pool=False)); with
+    # a pool per layer kind (the default) its steps run eagerly.
+    masked = half.with_engine(dataclasses.replace(half.cache_config, sliding_window_pool=False))
+    assert [o.token_ids for o in masked.generate(PROMPTS, GREEDY)] == plain
+    graphs = masked.runner.decode_graphs(masked.engine.cache)
     assert graphs is not None and graphs.failed is None and graphs.steps > 0
