@@ -167,8 +167,8 @@ class Tokenizer:
         add_special_tokens(backend, tokens, token_types)
         add_bos = field_value(reader, "tokenizer.ggml.add_bos_token", default_add_bos)
         arch = field_value(reader, "general.architecture")
-        end_of_turn = backend.token_to_id(families.END_OF_TURN_TOKENS.get(arch, "")) if eot is None else None
-        eos_ids = list(dict.fromkeys(int(x) for x in (eos, eot, end_of_turn) if x is not None))
+        end_of_generation = [backend.token_to_id(t) for t in families.END_OF_GENERATION_TOKENS]
+        eos_ids = list(dict.fromkeys(int(x) for x in (eos, eot, *end_of_generation) if x is not None))
         template = field_value(reader, "tokenizer.chat_template") or families.DEFAULT_CHAT_TEMPLATES.get(arch)
         tokenizer = cls(backend, bos, eos_ids, bool(add_bos), template)
         if kind == "llama":

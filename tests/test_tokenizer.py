@@ -69,7 +69,7 @@ def test_default_gguf_digits_are_split_individually(smollm_tokenizers):
 def test_default_gguf_special_tokens(smollm_tokenizers):
     ours, theirs = smollm_tokenizers
     assert ours.encode("<|im_start|>", add_bos=False) == [1] == [theirs.convert_tokens_to_ids("<|im_start|>")]
-    assert ours.eos_token_ids == [2] and ours.bos_token_id == 1 and not ours.add_bos
+    assert ours.eos_token_ids == [2, 0] and ours.bos_token_id == 1 and not ours.add_bos  # <|endoftext|> ends too
     assert ours.encode("") == [1]  # generation from BOS alone
     assert ours.decode([1, 19556, 2]) == "Hello"  # specials are skipped by default
 

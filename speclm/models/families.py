@@ -275,5 +275,16 @@ GEMMA3_CHAT_TEMPLATE = """{{ bos_token }}
 {%- endif -%}
 """
 DEFAULT_CHAT_TEMPLATES = {"gemma3": GEMMA3_CHAT_TEMPLATE}
-# The token that ends a reply as EOS does (llama.cpp stops there too), where a GGUF does not name it.
-END_OF_TURN_TOKENS = {"gemma3": "<end_of_turn>", "phi3": "<|end|>"}
+# Tokens that end generation as EOS does wherever a GGUF's vocabulary has them, named or not (llama.cpp's
+# end-of-generation set, and transformers' generation_config for these models: Qwen2.5's instruct models
+# end a turn with <|im_end|> but may follow a tool call with <|endoftext|>).
+END_OF_GENERATION_TOKENS = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end_of_text|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<EOT>",
+)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 
@@ -37,17 +38,23 @@ def finish_reason(out: SequenceOutput) -> str | None:
     return out.output.finish_reason if out.finished else None
 
 
+def token_text(service: GenerationService, token: int) -> str:
+    """A token's own text in logprobs: special tokens spelled out (skipping them would give every one
+    the same empty key in a completion's top_logprobs)."""
+    return service.tokenizer.decode([token], skip_special_tokens=False)
+
+
 def completion_logprobs(service: GenerationService, logprobs: list[TokenLogprob] | None) -> dict | None:
     """/v1/completions' logprobs object (its legacy shape): tokens, their logprobs, the top N of each."""
     if logprobs is None:
         return None
-    text = service.tokenizer.decode
-    tokens = [text([lp.token]) for lp in logprobs]
+    text = functools.partial(token_text, service)
+    tokens = [text(lp.token) for lp in logprobs]
     offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0)) if tokens else []
     return {
         "tokens": tokens,
         "token_logprobs": [lp.logprob for lp in logprobs],
-        "top_logprobs": [{text([t]): v for t, v in lp.top} for lp in logprobs],
+        "top_logprobs": [{text(t): v for t, v in lp.top} for lp in logprobs],
         "text_offset": offsets,
     }
 
@@ -58,7 +65,7 @@ def chat_logprobs(service: GenerationService, logprobs: list[TokenLogprob] | Non
         return None
 
     def entry(token: int, value: float) -> dict:
-        text = service.tokenizer.decode([token])
+        text = token_text(service, token)
         return {"token": text, "logprob": value, "bytes": list(text.encode("utf-8"))}
 
     return {

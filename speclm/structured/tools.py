@@ -119,7 +119,10 @@ def tool_constraint(
     schema = json.dumps({**call_schema(offered_tools(tools, tool_choice), auto), "x-guidance": JSON_OPTIONS})
     body = f'"\\n" arguments "\\n" {tag_close}'  # after the opening tag
     if not auto:
-        start = ['start: call ("\\n" call)*' if parallel else "start: call", f"call: {tag_open} {body}"]
+        # the model may end its line before it ends the turn (Qwen2.5 writes "</tool_call>\n<|endoftext|>"):
+        # without the optional newline a newline could only open another call, and greedy calls ran away
+        calls = 'call ("\\n" call)*' if parallel else "call"
+        start = [f'start: {calls} "\\n"?', f"call: {tag_open} {body}"]
     elif has_tags:  # free text ends where the model writes the tag's token
         start = [f"start: call{'*' if parallel else '?'} TEXT", f"call: TEXT {tag_open} {body}"]
     else:  # a lazy lexeme: the text up to the first tag, wherever it is (without parallel_tool_calls, a

@@ -222,7 +222,9 @@ def test_export_with_tokenizer_round_trips(default_llm, tmp_path):
     for text in TEXTS:
         assert ours.encode(text) == source.encode(text) == theirs.encode(text, add_special_tokens=False)
     assert ours.apply_chat_template(WITH_SYSTEM) == source.apply_chat_template(WITH_SYSTEM)
-    assert (ours.bos_token_id, ours.eos_token_ids, ours.add_bos) == (1, [2], False)
+    # <|endoftext|> ends generation too, named or not, as in llama.cpp
+    assert (ours.bos_token_id, ours.eos_token_ids, ours.add_bos) == (1, [2, 0], False)
+    assert ours.decode([0], skip_special_tokens=False) == "<|endoftext|>"
     out = LLM(path).generate("Hello", SamplingParams(max_tokens=5, ignore_eos=True))[0]
     assert len(out.token_ids) == 5
 

@@ -156,3 +156,14 @@ def test_logprobs_on_both_endpoints_streaming_included(default_server, default_l
     assert r.choices[0].text in (" Paris", " Lyon")
     first = r.choices[0].logprobs.top_logprobs[0]
     assert set(first) <= {" Paris", " Lyon", " P", " Ly", " Pa", " L", " Par", " Lyo"} or len(first) <= 5
+
+
+def test_logprobs_spell_out_special_tokens(default_server):
+    """A special token's text is its own in logprobs (skipped, every one would be the same empty key and a
+    completion's top_logprobs would lose all but one of them)."""
+    _, client = default_server
+    prompt = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\nHi! How can I help you today?"
+    r = client.completions.create(model="m", prompt=prompt, max_tokens=1, temperature=0, logprobs=5)
+    top = r.choices[0].logprobs.top_logprobs[0]
+    assert len(top) == 5 and "<|im_end|>" in top and "" not in top
+    assert r.choices[0].logprobs.tokens[0] in top

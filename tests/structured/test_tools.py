@@ -156,6 +156,11 @@ def test_qwen_tokenizer_forces_its_tool_call_token():
     forced = matcher.forced_tokens()
     assert forced[0] == tokenizer.token_to_id("<tool_call>")
     assert tokenizer.decode(forced, skip_special_tokens=False) == '<tool_call>\n{"name": "get'
+    # the model ends a reply after a call with <|endoftext|>: it stops generation as <|im_end|> does
+    assert [tokenizer.decode([t], skip_special_tokens=False) for t in tokenizer.eos_token_ids] == [
+        "<|im_end|>",
+        "<|endoftext|>",
+    ]
 
 
 def _strict(tool: dict) -> dict:
@@ -215,3 +220,15 @@ def test_strict_arguments_under_auto_qwen_tag_tokens():
 
     tokenizer = load_tokenizer(PAIR_QWEN)
     _strict_auto_checks(tokenizer, GrammarVocab.of(tokenizer))
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_required_call_may_end_its_line_before_the_turn(qwen_style, smol_vocab, parallel):
+    """After a call the reply may end, with or without a newline; with parallel_tool_calls a newline may
+    also open another call. (A newline that could only open a call made Qwen2.5, which writes
+    "</tool_call>\\n" and then ends its turn, chain calls greedily until max_tokens.)"""
+    constraint = tool_constraint(qwen_style, HERMES, TOOLS, "required", parallel)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon", "unit": "C"}}\n</tool_call>'
+    assert _accepts(GrammarMatcher(smol_vocab, constraint), qwen_style, call)
+    assert _accepts(GrammarMatcher(smol_vocab, constraint), qwen_style, call + "\n")
+    assert _accepts(GrammarMatcher(smol_vocab, constraint), qwen_style, call + "\n" + call) == parallel
