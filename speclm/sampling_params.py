@@ -18,7 +18,8 @@ class SamplingParams:
     """How to pick each next token and when to stop.
 
     temperature: 0 (or below GREEDY_TEMPERATURE) for greedy (argmax), else logits are divided by it.
-    top_k: keep the k most likely tokens (0 = no limit). top_p: nucleus mass in (0, 1].
+    top_k: keep the k most likely tokens (0 = no limit). top_p: nucleus mass in (0, 1]. min_p: drop
+    tokens less likely than min_p times the most likely one (0 = off).
     seed: makes sampling reproducible per request. stop: strings that end generation (excluded
     from the text). max_tokens: upper bound on generated tokens. ignore_eos: keep going past EOS.
     constraint: a grammar the output must follow (speclm.structured.compile_constraint: a JSON schema,
@@ -29,6 +30,7 @@ class SamplingParams:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
     seed: int | None = None
     max_tokens: int = 128
     stop: list[str] = field(default_factory=list)
@@ -46,6 +48,8 @@ class SamplingParams:
         # top_p is compared with float32 probabilities: it must stay positive in float32.
         if not _is_number(self.top_p) or not (0.0 < self.top_p <= 1.0) or np.float32(self.top_p) <= 0:
             raise ValueError(f"top_p must be in (0, 1] (and above 0 in float32), got {self.top_p}")
+        if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1] (0 disables it), got {self.min_p}")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens}")
         if self.seed is not None and (not _is_int(self.seed) or not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]):

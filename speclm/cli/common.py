@@ -159,6 +159,9 @@ def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None
     g.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (default); higher = more random")
     g.add_argument("--top-k", type=int, default=0, help="sample only among the k most likely tokens (0 = off)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (1 = off)")
+    g.add_argument(
+        "--min-p", type=float, default=0.0, help="drop tokens less likely than this times the likeliest (0 = off)"
+    )
     g.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
     g.add_argument(
         "--stop",
@@ -174,6 +177,7 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
+        min_p=args.min_p,
         seed=args.seed,
         max_tokens=args.max_tokens,
         stop=args.stop,

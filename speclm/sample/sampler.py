@@ -1,4 +1,4 @@
-"""The processed next-token distribution (temperature, top-k, top-p) and drawing from it.
+"""The processed next-token distribution (temperature, top-k, top-p, min-p) and drawing from it.
 
 Plain decoding, draft models and the speculative verifier all call `processed_probs`, so the
 distribution a draft proposes from and the one the target verifies against are computed alike.
@@ -12,7 +12,8 @@ from speclm.sampling_params import SamplingParams
 
 
 def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Probabilities [rows, vocab] after temperature, top-k and top-p (rows are independent).
+    """Probabilities [rows, vocab] after temperature, top-k, top-p and min-p, in that order (as vLLM and
+    transformers apply them; rows are independent).
 
     Greedy (temperature 0) gives a one-hot distribution on the argmax.
     """
@@ -32,6 +33,9 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         drop[..., 0] = False  # the most likely token always stays
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    if params.min_p > 0.0:  # relative to the most likely token, which always stays
+        probs = probs.masked_fill(probs < params.min_p * probs.amax(-1, keepdim=True), 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
 

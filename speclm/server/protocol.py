@@ -72,13 +72,18 @@ class GenerationRequest(BaseModel):
     model_config = REQUEST_CONFIG
 
     model: StrictStr | None = None
-    max_tokens: JsonInt | None = Field(default=None, ge=1)
+    max_tokens: JsonInt | None = Field(
+        default=None, ge=-1, description="-1: up to the context (llama-server's convention; OpenAI's minimum is 1)"
+    )
     n_predict: JsonInt | None = Field(
         default=None, ge=-1, description="llama-server's max_tokens (-1: no limit); max_tokens wins when both are given"
     )
     temperature: Number | None = Field(default=1.0, ge=0.0, le=2.0)
     top_p: Number | None = Field(default=1.0, gt=0.0, le=1.0)
     top_k: JsonInt = Field(default=0, ge=0, description="not in OpenAI's API (vLLM accepts it too); 0 = off")
+    min_p: Number = Field(
+        default=0.0, ge=0.0, le=1.0, description="not in OpenAI's API (vLLM and llama-server take it); 0 = off"
+    )
     n: JsonInt = Field(default=1, ge=1)
     stop: NonEmptyStr | list[NonEmptyStr] | None = None
     seed: JsonInt | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
@@ -120,23 +125,24 @@ class GenerationRequest(BaseModel):
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
-    @field_validator("n_predict")
+    @field_validator("max_tokens", "n_predict")
     @classmethod
-    def _n_predict_not_zero(cls, value: int | None) -> int | None:
+    def _limit_not_zero(cls, value: int | None, info) -> int | None:
         if value == 0:  # (llama-server evaluates the prompt only: not a generation this server makes)
-            raise ValueError("n_predict must be -1 (no limit) or at least 1")
+            raise ValueError(f"{info.field_name} must be -1 (no limit) or at least 1")
         return value
 
-    def asked_max_tokens(self) -> int | None:
-        """The limit the request gives, by OpenAI's name or llama-server's (None: none)."""
-        if self.max_tokens is not None:
-            return self.max_tokens
-        return self.n_predict if self.n_predict is not None and self.n_predict > 0 else None
+    def asked_max_tokens(self, room: int) -> int | None:
+        """The limit the request gives, by OpenAI's name or llama-server's, -1 meaning `room` (what the
+        context leaves after the prompt); None: none."""
+        for value in (self.max_tokens, self.n_predict):
+            if value is not None:
+                return room if value == -1 else value
+        return None
 
     def resolved_max_tokens(self, room: int) -> int:
-        """The tokens to generate at most: what the request asks for, else its endpoint's default
-        (`room`: what the context leaves after the prompt)."""
-        return self.asked_max_tokens() or room
+        """The tokens to generate at most: what the request asks for, else its endpoint's default."""
+        return self.asked_max_tokens(room) or room
 
     def sampling_params(self, room: int, constraint: Constraint | None = None) -> SamplingParams:
         """The request's SamplingParams (`room`: tokens the context leaves after the prompt). ValueError
@@ -146,6 +152,7 @@ class GenerationRequest(BaseModel):
             temperature=1.0 if self.temperature is None else float(self.temperature),
             top_k=self.top_k,
             top_p=1.0 if self.top_p is None else float(self.top_p),
+            min_p=float(self.min_p),
             seed=self.seed,
             max_tokens=max_tokens,
             stop=self.stop_strings(),
@@ -170,7 +177,7 @@ class CompletionRequest(GenerationRequest):
     logprobs: JsonInt | None = Field(default=None, ge=0, le=5)
 
     def resolved_max_tokens(self, room: int) -> int:
-        return self.asked_max_tokens() or 16  # OpenAI's default for completions
+        return self.asked_max_tokens(room) or 16  # OpenAI's default for completions
 
     def logprobs_count(self) -> int | None:
         return self.logprobs
@@ -195,7 +202,7 @@ class ChatCompletionRequest(GenerationRequest, ToolChatFields):
         return value
 
     def resolved_max_tokens(self, room: int) -> int:
-        return self.max_completion_tokens or self.asked_max_tokens() or room  # chat: up to the context by default
+        return self.max_completion_tokens or self.asked_max_tokens(room) or room  # chat: up to the context by default
 
     def logprobs_count(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

@@ -64,7 +64,6 @@ NOT_IMPLEMENTED: dict[str, tuple] = {
     "moderation": (),
     # vLLM
     "use_beam_search": (False,),
-    "min_p": (0,),
     "repetition_penalty": (1,),
     "length_penalty": (1,),
     "min_tokens": (0,),

@@ -114,6 +114,15 @@ def test_verify_uses_processed_distribution_with_top_k():
     assert result.tokens == [3, 1]
 
 
+def test_min_p_drops_tokens_below_its_share_of_the_likeliest():
+    p = torch.tensor([[0.5, 0.3, 0.12, 0.06, 0.02]])
+    kept = processed_probs(p.log(), SamplingParams(temperature=1.0, min_p=0.1))  # threshold 0.05
+    assert torch.allclose(kept, torch.tensor([[0.5, 0.3, 0.12, 0.06, 0.0]]) / 0.98)
+    assert torch.equal(processed_probs(p.log(), SamplingParams(temperature=1.0, min_p=1.0)), torch.eye(5)[:1])
+    with pytest.raises(ValueError, match="min_p"):
+        SamplingParams(min_p=1.5)
+
+
 @pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=0.8, top_k=5)])
 def test_rows_on_demand_verify_like_computed_rows(params):
     """A big tree's rows computed one at a time on demand give the walk the same tokens, and only the

@@ -108,7 +108,6 @@ def test_chat_fields_clients_send_by_default_are_served_as_if_left_out(default_s
         ("best_of", 2),
         ("echo", True),
         ("suffix", " and then"),
-        ("min_p", 0.05),
         ("repetition_penalty", 1.1),
         ("repeat_penalty", True),  # (true is not 1)
         ("samplers", ["top_k", "temperature"]),
@@ -149,7 +148,34 @@ def test_an_unknown_field_is_refused_as_unrecognized(server, path, field, value)
 def test_n_predict_is_llama_servers_max_tokens(server):
     assert completion_tokens(server, COMPLETIONS, n_predict=7) == 7
     assert completion_tokens(server, COMPLETIONS, n_predict=7, max_tokens=3) == 3  # OpenAI's name wins
-    assert completion_tokens(server, COMPLETIONS, n_predict=-1) == 16  # no limit given: the endpoint's default
+    assert completion_tokens(server, COMPLETIONS) == 16  # no limit given: the endpoint's default
+
+
+def test_minus_one_tokens_is_up_to_the_context_as_in_llama_server(server, stories_llm):
+    """llama-server's apps (its web UI among them) send max_tokens or n_predict -1 for no limit."""
+    context = stories_llm.engine.max_total_tokens
+    for field in ("max_tokens", "n_predict"):
+        r = post(server, COMPLETIONS, {}, temperature=0, ignore_eos=True, **{field: -1})
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+        assert usage["prompt_tokens"] + usage["completion_tokens"] == context
+    for path in (COMPLETIONS, CHAT):
+        for value in (0, -2):
+            assert post(server, path, {}, max_tokens=value).json()["error"]["param"] == "max_tokens"
+
+
+def test_min_p_is_served(server):
+    """min_p (vLLM's and llama-server's): 1.0 keeps only the likeliest token, so sampling gives greedy's text."""
+    greedy = post(server, COMPLETIONS, {}, max_tokens=12, temperature=0).json()["choices"][0]["text"]
+    for seed in (1, 2):
+        r = post(server, COMPLETIONS, {}, max_tokens=12, temperature=1.5, seed=seed, min_p=1.0)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == greedy, r.text
+    sampled = {
+        post(server, COMPLETIONS, {}, max_tokens=12, temperature=1.5, seed=s).json()["choices"][0]["text"]
+        for s in (1, 2)
+    }
+    assert sampled != {greedy}  # (without min_p these draws leave the greedy text)
+    assert post(server, CHAT, {}, min_p=1.5).json()["error"]["param"] == "min_p"
     for path in (COMPLETIONS, CHAT):
         r = post(server, path, {}, n_predict=0)
         assert r.status_code == 400 and r.json()["error"]["param"] == "n_predict"

@@ -72,6 +72,7 @@ CASES = {
         SamplingParams(temperature=2.0, top_k=20, top_p=0.9),
         3,
     ),
+    "draft-min-p": ("draft", "", SamplingParams(temperature=1.5, min_p=0.05), 2),
     "ngram-one-hot-drafts": (
         "ngram",
         "Tom had a red ball. Tom had a red ball. Tom had a",
@@ -127,6 +128,9 @@ def test_speculative_sampling_matches_target_distribution(stories_llm, perturbed
     exact = exact_two_token_distribution(stories_llm, prompt_ids, params)
     pvalue = g_test_pvalue(counts, exact)
     assert pvalue > ALPHA, f"{case}: speculative samples deviate from the target distribution (p={pvalue:.2e})"
+    if params.min_p:  # and min_p is in force: the same samples do not fit the distribution without it
+        unfiltered = exact_two_token_distribution(stories_llm, prompt_ids, dataclasses.replace(params, min_p=0.0))
+        assert g_test_pvalue(counts, unfiltered) < ALPHA
 
 
 def test_plain_sampling_matches_target_distribution(stories_llm):
