@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks of issue 32 in one prepared run, from the repository root, results under $OUT:
-#   bash benchmarks/cuda/run_gpu.sh [all|tests|bench]
+#   bash benchmarks/cuda/run_gpu.sh [all|tests|bench|splitk]
 # Hard limits per step (all: at most 530 s, inside one 540 s call): wheels 40 s, machine 30 s, tests 230 s,
-# benchmark 230 s. Each step is isolated: it has its own hard timeout, writes its own log, and a failure
+# benchmark 230 s; splitk (split-K against the single-pass attention kernel, not part of all) 200 s. Each step is isolated: it has its own hard timeout, writes its own log, and a failure
 # does not stop the next step. What speclm imports and the GPU image lacks (gguf; fastapi, pydantic, uvicorn
 # and their dependencies for the server test) comes as wheels from .whl/ (carried; see
 # benchmarks/cuda/README.md). The default 135M model travels in parts (.m135/smollm135m.gguf.partNN, one call
@@ -77,5 +77,10 @@ if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
   timeout -k 10 ${BENCH_TIMEOUT:-230} $PY benchmarks/cuda/bench_cuda.py --out "$OUT"
   echo "bench exit $?"
   cat "$OUT/cuda_bench.md" 2>/dev/null
+fi
+if [ "$WHAT" = splitk ]; then
+  step "split-K benchmark"
+  timeout -k 10 ${SPLITK_TIMEOUT:-200} $PY benchmarks/cuda/bench_splitk.py --out "$OUT"
+  echo "splitk bench exit $?"
 fi
 step "done"

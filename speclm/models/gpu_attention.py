@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 # Rows per sequence above which a prompt that starts its sequence runs as one SDPA call rather than as
-# decoding rows (the kernel's one program per row and KV head is made for short rows).
+# decoding rows (the kernel's programs each take one row: made for few rows over many keys).
 PREFILL_SDPA_MIN_ROWS = 2
 
 
@@ -67,7 +67,8 @@ def attend_rows(
     scale: float,
     window: int | None = None,
 ) -> torch.Tensor:
-    """attend_rows_reference's result, computed by the Triton paged-attention kernel without gathering."""
+    """attend_rows_reference's result, computed by the Triton paged-attention kernels without gathering (split-K
+    when the table is wider than one partition of keys: speclm/kernels/triton_attention.py)."""
     from speclm.kernels.triton_attention import paged_attention
 
     return paged_attention(q, keys, values, lengths, table, table_rows, scale, window)

@@ -94,3 +94,58 @@ def test_fused_rope_write_matches_the_unfused_ops(dtype):
     q = rope_write(qkv, cos, sin, heads, kv, k_cache, v_cache, slots)
     for got, expected in ((q, qk[:heads]), (k_cache, k_expected), (v_cache, v_expected)):
         torch.testing.assert_close(got, expected, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def split_case(dtype, heads, kv, head_dim, seed=0):
+    """Rows of 1 key to 4 whole partitions over scattered slots, table rows padded with a scratch slot."""
+    from speclm.kernels.triton_attention import PARTITION_KEYS as P
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([1, P - 1, P, P + 1, 2 * P + 5, 3 * P + 7, 4 * P, 17])
+    slots = 4 * P * len(lengths) + 1
+    table = torch.full((len(lengths), 4 * P), slots - 1)
+    for i, n in enumerate(lengths.tolist()):
+        table[i, :n] = torch.randperm(slots - 1, generator=g)[:n]
+    q = torch.randn(heads, len(lengths), head_dim, generator=g).to(dtype)
+    keys, values = (torch.randn(kv, slots, head_dim, generator=g).to(dtype) for _ in range(2))
+    return [t.to(DEVICE) for t in (q, keys, values, lengths, table, torch.arange(len(lengths)))] + [head_dim**-0.5]
+
+
+@pytest.mark.parametrize("window", [None, 100, 300])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads,kv,head_dim", [(12, 2, 128), (14, 2, 64), (9, 3, 64), (4, 2, 8)])
+def test_split_kernel_matches_reference_and_keeps_a_rows_bits(dtype, heads, kv, head_dim, window):
+    """Split-K against the reference; a row within one partition equals the single pass bit for bit, and
+    a row alone (its table as wide as itself: the single pass when short) equals itself in the batch."""
+    from speclm.kernels.triton_attention import PARTITION_KEYS as P
+    from speclm.kernels.triton_attention import paged_attention
+
+    q, keys, values, lengths, table, table_rows, scale = split_case(dtype, heads, kv, head_dim)
+    args = (q, keys, values, lengths, table, table_rows, scale, window)
+    split, single, expected = paged_attention(*args), paged_attention(*args, partition=0), attend_rows_reference(*args)
+    for got in (split, single):
+        err = (expected.float() - got.float()).abs().max().item()
+        assert err <= TOL[dtype], err
+    first = (lengths - (window or 2**30)).clamp(min=0) // P
+    one_partition = first == (lengths - 1) // P
+    assert torch.equal(split[:, one_partition], single[:, one_partition])
+    for i, n in enumerate(lengths.tolist()):
+        own = (lengths[i : i + 1], table[i : i + 1, :n], table_rows[:1] * 0)
+        alone = paged_attention(q[:, i : i + 1], keys, values, *own, scale, window)
+        assert torch.equal(alone, split[:, i : i + 1]), n
+
+
+def test_split_kernel_replays_in_a_cuda_graph():
+    """The split launch captured once (its grid from the table's width) serves other lengths on replay."""
+    from speclm.kernels.triton_attention import paged_attention
+
+    q, keys, values, lengths, table, table_rows, scale = split_case(torch.bfloat16, 12, 2, 128)
+    static_lengths = lengths.clone()
+    paged_attention(q, keys, values, static_lengths, table, table_rows, scale)  # (compiles outside the capture)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = paged_attention(q, keys, values, static_lengths, table, table_rows, scale)
+    for shuffled in (lengths, lengths.flip(0).clamp(max=table.shape[1] // 2)):
+        static_lengths.copy_(shuffled.minimum(lengths))  # (a row's slots past its own are the scratch slot)
+        graph.replay()
+        assert torch.equal(out, paged_attention(q, keys, values, static_lengths.clone(), table, table_rows, scale))
