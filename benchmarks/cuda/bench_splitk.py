@@ -137,7 +137,7 @@ def decode_part(device: torch.device, tiny: bool) -> list[dict]:
         prompt = torch.randint(1, vocab, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len)).tolist()
         row, tokens = {"prompt_len": prompt_len, "new_tokens": new}, {}
         for label, partition in (("split", 16 if tiny else default), ("single", 0)):
-            triton_attention.PARTITION_KEYS = partition
+            triton_attention.PARTITION_KEYS, triton_attention.SPLIT_K_BY_DEFAULT = partition, True
             try:
                 run = llm_from_model(llm.model, llm.tokenizer, "auto", True)
                 run.generate([prompt[:8]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up, capture
@@ -145,7 +145,7 @@ def decode_part(device: torch.device, tiny: bool) -> list[dict]:
                 out = run.generate([prompt], SamplingParams(max_tokens=new, ignore_eos=True))[0]
                 graphs = run.runner.decode_graphs(run.engine.cache)
             finally:
-                triton_attention.PARTITION_KEYS = default
+                triton_attention.PARTITION_KEYS, triton_attention.SPLIT_K_BY_DEFAULT = default, False
             steps = clock.seconds[-(new - 1) :]  # (the prompt's last chunk yields the first token)
             tokens[label] = out.token_ids
             row[label] = {

@@ -4,7 +4,8 @@ sliding-window layer's row: its last `window` ones), with an online softmax in f
 KV head are one program's rows. The interface and the result are
 speclm.models.gpu_attention.attend_rows_reference's.
 
-Two ways through the keys, picked by the table's width (the longest row it can hold, known on the host):
+Two ways through the keys; split-K when asked for, or by default once SPLIT_K_BY_DEFAULT is on, and then
+where the table's width (the longest row it can hold, known on the host) spans more than one partition:
 - single pass: one program per (row, KV head) walks the row's keys serially (short contexts);
 - split-K (flash-decoding): a row's keys fall into partitions of PARTITION_KEYS keys, counted from key 0;
   each partition's max, sum and weighted values are written in fp32, and a second kernel merges a row's
@@ -21,7 +22,10 @@ import triton
 import triton.language as tl
 
 NO_WINDOW = 2**30  # (a window no row reaches)
-PARTITION_KEYS = 256  # keys per split-K partition (0: always the single pass)
+PARTITION_KEYS = 256  # keys per split-K partition
+# Split-K is tested (tests/cuda, tests/kernels) but its speed is not measured on a GPU yet
+# (benchmarks/cuda/bench_splitk.py): until it is, the single pass stays the default.
+SPLIT_K_BY_DEFAULT = False
 SPLIT_PROGRAMS = 512  # split-K programs a launch aims at (a row's partitions are shared among its programs)
 SPLIT_BUFFER_BYTES = 128 << 20  # partial results one launch may hold (more rows: several launches)
 
@@ -259,8 +263,8 @@ def paged_attention(
 ) -> torch.Tensor:
     """Row i attends to the keys at slots table[table_rows[i], :lengths[i]] (with `window`, the last `window`
     of them only); returns [heads, n, head_dim] in q's dtype. Split-K when a row of the table's width would
-    span more than one partition of `partition` keys (PARTITION_KEYS by default; 0: the single pass). No host
-    synchronisation: the kernels read each row's length themselves."""
+    span more than one partition of `partition` keys (default: PARTITION_KEYS if SPLIT_K_BY_DEFAULT, else 0;
+    0: the single pass). No host synchronisation: the kernels read each row's length themselves."""
     heads, n, head_dim = q.shape
     kv = keys.shape[0]
     # [heads, n, head_dim] laid out as [n, heads, head_dim]: the caller's transpose to [n, heads * head_dim]
@@ -269,7 +273,8 @@ def paged_attention(
     if n == 0:
         return out
     assert heads % kv == 0 and q.stride(-1) == 1 and keys.stride(-1) == 1 and values.stride(-1) == 1
-    partition = PARTITION_KEYS if partition is None else partition
+    if partition is None:
+        partition = PARTITION_KEYS if SPLIT_K_BY_DEFAULT else 0
     group = heads // kv
     dim_pad = triton.next_power_of_2(head_dim)
     use_dot = head_dim >= 16 and dim_pad == head_dim

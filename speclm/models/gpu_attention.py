@@ -67,8 +67,8 @@ def attend_rows(
     scale: float,
     window: int | None = None,
 ) -> torch.Tensor:
-    """attend_rows_reference's result, computed by the Triton paged-attention kernels without gathering (split-K
-    when the table is wider than one partition of keys: speclm/kernels/triton_attention.py)."""
+    """attend_rows_reference's result, computed by the Triton paged-attention kernels without gathering
+    (speclm/kernels/triton_attention.py)."""
     from speclm.kernels.triton_attention import paged_attention
 
     return paged_attention(q, keys, values, lengths, table, table_rows, scale, window)

@@ -3,6 +3,8 @@ against the CPU attention."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -122,7 +124,8 @@ def test_split_kernel_matches_reference_and_keeps_a_rows_bits(dtype, heads, kv, 
 
     q, keys, values, lengths, table, table_rows, scale = split_case(dtype, heads, kv, head_dim)
     args = (q, keys, values, lengths, table, table_rows, scale, window)
-    split, single, expected = paged_attention(*args), paged_attention(*args, partition=0), attend_rows_reference(*args)
+    split, single = paged_attention(*args, partition=P), paged_attention(*args, partition=0)
+    expected = attend_rows_reference(*args)
     for got in (split, single):
         err = (expected.float() - got.float()).abs().max().item()
         assert err <= TOL[dtype], err
@@ -131,21 +134,23 @@ def test_split_kernel_matches_reference_and_keeps_a_rows_bits(dtype, heads, kv, 
     assert torch.equal(split[:, one_partition], single[:, one_partition])
     for i, n in enumerate(lengths.tolist()):
         own = (lengths[i : i + 1], table[i : i + 1, :n], table_rows[:1] * 0)
-        alone = paged_attention(q[:, i : i + 1], keys, values, *own, scale, window)
+        alone = paged_attention(q[:, i : i + 1], keys, values, *own, scale, window, partition=P)
         assert torch.equal(alone, split[:, i : i + 1]), n
 
 
 def test_split_kernel_replays_in_a_cuda_graph():
     """The split launch captured once (its grid from the table's width) serves other lengths on replay."""
+    from speclm.kernels.triton_attention import PARTITION_KEYS as P
     from speclm.kernels.triton_attention import paged_attention
 
     q, keys, values, lengths, table, table_rows, scale = split_case(torch.bfloat16, 12, 2, 128)
     static_lengths = lengths.clone()
-    paged_attention(q, keys, values, static_lengths, table, table_rows, scale)  # (compiles outside the capture)
+    split = functools.partial(paged_attention, partition=P)
+    split(q, keys, values, static_lengths, table, table_rows, scale)  # (compiles outside the capture)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = paged_attention(q, keys, values, static_lengths, table, table_rows, scale)
+        out = split(q, keys, values, static_lengths, table, table_rows, scale)
     for shuffled in (lengths, lengths.flip(0).clamp(max=table.shape[1] // 2)):
         static_lengths.copy_(shuffled.minimum(lengths))  # (a row's slots past its own are the scratch slot)
         graph.replay()
-        assert torch.equal(out, paged_attention(q, keys, values, static_lengths.clone(), table, table_rows, scale))
+        assert torch.equal(out, split(q, keys, values, static_lengths.clone(), table, table_rows, scale))
