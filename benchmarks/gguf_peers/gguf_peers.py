@@ -1,6 +1,8 @@
 """speclm and llama.cpp on the same GGUF files, each engine in a fresh process of its own: peak
 memory, load to first token, greedy agreement (tokens matched before the first divergence, and there
-each engine's logit margin for its own token over the other's) and decoding speed, prompts interleaved.
+each engine's logit margin for its own token over the other's) and decoding speed, prompts interleaved;
+and llama.cpp's greedy agreement with itself under configurations that compute the same model with other
+rounding (the agreement's noise floor).
 
 python benchmarks/gguf_peers/gguf_peers.py --llama-python PYTHON [--models default,target,pair,gemma]
     [--spec ngram,lookahead] --out benchmarks/gguf_peers/NAME
@@ -8,7 +10,8 @@ python benchmarks/gguf_peers/gguf_peers.py --llama-python PYTHON [--models defau
 PYTHON is a Python with llama-cpp-python installed (`pip install 'speclm[peers]'`, or a venv of its own so
 that llama.cpp's memory is measured without torch); the pair comes from `make pair`, Gemma-3-270M from
 `make gemma`. With --spec, speclm also decodes every prompt with each speculative method (a process each):
-its tokens per second, and whether its output equals speclm's plain greedy output (it must).
+its tokens per second, and whether its output equals speclm's plain greedy output (it must). --variants names
+the llama.cpp configurations whose agreement with llama.cpp's default (and with speclm) is reported.
 """
 
 from __future__ import annotations
@@ -70,6 +73,14 @@ def prompts_for(tokenizer, count: int) -> list[dict]:
 
 
 NO_PACK_CACHE = "speclm, no pack cache"
+# llama.cpp under configurations that compute the same model with other rounding (llama_cpp.Llama arguments;
+# its defaults here: an f16 KV cache, no flash attention, the prompt in one batch). How far its greedy output
+# moves from its own is the floor below which agreement with it is a matter of rounding.
+LLAMA_VARIANTS = {
+    "f32 KV": {"type_k": 0, "type_v": 0},  # GGML_TYPE_F32 keys and values
+    "flash attention": {"flash_attn": True},
+    "prompt one token per call": {"n_batch": 1, "n_ubatch": 1},
+}
 LOAD_RUNS = 5  # process starts per engine for the load time (its median; the JSON keeps every start): one varies a lot
 
 
@@ -81,6 +92,11 @@ def warm_page_cache(path: str) -> None:
             pass
 
 
+def matched(a: list[int], b: list[int]) -> int:
+    """How many tokens two outputs share before they first differ."""
+    return next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def compare(
     model: str,
     draft: str | None,
@@ -89,9 +105,12 @@ def compare(
     prompts: list[dict],
     max_tokens: int,
     specs: list[str] = (),
+    variants: list[str] = (),
 ) -> dict:
     """Both engines on one model (with the draft loaded too when given): memory, load, agreement, speed;
-    and speclm with each speculative method of `specs`: speed, and exactness against its plain greedy output."""
+    speclm with each speculative method of `specs`: speed, and exactness against its plain greedy output;
+    llama.cpp under each configuration of `variants` (LLAMA_VARIANTS): its output's agreement with llama.cpp's
+    and speclm's."""
     for path in [model] + ([draft] if draft else []):
         warm_page_cache(path)
     speclm_cmd = [sys.executable, str(Path(__file__).with_name("speclm_worker.py")), model, str(threads), "auto"]
@@ -137,7 +156,7 @@ def compare(
         agreement = []
         for p, ours, theirs in zip(prompts, runs["speclm"], runs["llama.cpp"]):
             a, b = ours["tokens"], theirs["tokens"]
-            i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            i = matched(a, b)
             row = {"id": p["id"], "category": p["category"], "matched": i}
             if i < min(len(a), len(b)):  # each engine's margin for its own choice over the other's
                 for name, mine, other in (("llama.cpp", b[i], a[i]), ("speclm", a[i], b[i])):
@@ -145,6 +164,17 @@ def compare(
                     row[f"logit_gap_{name}"] = logits["logits"][0] - logits["logits"][1]
             agreement.append(row)
         result["agreement"] = agreement
+        result["variants"] = {}
+        for name in variants:  # (after the timed runs, one process at a time: agreement only)
+            w = Worker(llama_cmd[:4] + ["--context", json.dumps(LLAMA_VARIANTS[name])], threads)
+            try:
+                out = [w.ask(job="generate", ids=p["ids"], max_tokens=max_tokens)["tokens"] for p in prompts]
+            finally:
+                w.close()
+            result["variants"][name] = {
+                "vs_llama_cpp": [matched(o, r["tokens"]) for o, r in zip(out, runs["llama.cpp"])],
+                "vs_speclm": [matched(o, r["tokens"]) for o, r in zip(out, runs["speclm"])],
+            }
         for spec in specs:
             name = f"speclm {spec}"
             result[name]["exact"] = [r["tokens"] for r in runs[name]] == [r["tokens"] for r in runs["speclm"]]
@@ -172,6 +202,32 @@ def logit_noise(workers: dict[str, Worker], ids: list[int]) -> dict:
         return math.sqrt(sum((a - b) ** 2 for a, b in zip(x, ref)) / len(ref))
 
     return {"speclm_rms": rms(ours), "llama_cpp_one_by_one_rms": rms(one_by_one)}
+
+
+def variant_table(report: dict) -> list[str]:
+    """The agreement's noise floor: llama.cpp's default output against llama.cpp under other configurations
+    (LLAMA_VARIANTS), and speclm's against each, beside speclm's against the default."""
+    n = report["max_tokens"]
+    lines = [
+        f"Agreement's noise floor: the prompts whose {n} greedy tokens two runs share in full, and the tokens "
+        "matched per prompt, for llama.cpp under configurations that compute the same model with other rounding "
+        "(its default here: f16 KV cache, no flash attention, the prompt in one batch) against its default, "
+        "and speclm against each.",
+        "",
+        f"| model | outputs compared | prompts equal for {n} tokens | tokens matched per prompt |",
+        "|---|---|---:|---|",
+    ]
+
+    def row(label: str, pair: str, counts: list[int]) -> str:
+        full = sum(c == n for c in counts)
+        return f"| {label} | {pair} | {full}/{len(counts)} | {', '.join(map(str, counts))} |"
+
+    for label, r in report["results"].items():
+        lines.append(row(label, "speclm vs llama.cpp", [a["matched"] for a in r["agreement"]]))
+        for name, v in r.get("variants", {}).items():
+            lines.append(row(label, f"llama.cpp {name} vs llama.cpp", v["vs_llama_cpp"]))
+            lines.append(row(label, f"speclm vs llama.cpp {name}", v["vs_speclm"]))
+    return lines
 
 
 def markdown(report: dict) -> str:
@@ -240,6 +296,8 @@ def markdown(report: dict) -> str:
         for a in r["agreement"]:
             gaps = [f"{a[key]:.3f}" if key in a else "-" for key in ("logit_gap_llama.cpp", "logit_gap_speclm")]
             lines.append(f"| {label} | {a['id']} | {a['category']} | {a['matched']} | {gaps[0]} | {gaps[1]} |")
+    if any(r.get("variants") for r in report["results"].values()):
+        lines += ["", *variant_table(report)]
     lines += [
         "",
         "Logit noise: the root mean square difference of the next-token logits after each prompt, on llama.cpp's "
@@ -274,11 +332,20 @@ def main(argv: list[str] | None = None) -> int:
         "--models", default="default,target,pair", help="default, target (the 1.5B), pair (+ the 0.5B), gemma"
     )
     p.add_argument("--spec", default="", help="speclm's speculative methods to run too, e.g. ngram,lookahead")
+    p.add_argument(
+        "--variants",
+        default=",".join(LLAMA_VARIANTS),
+        help=f"llama.cpp configurations to measure its agreement with itself under ({', '.join(LLAMA_VARIANTS)}; "
+        "comma-separated, empty for none)",
+    )
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=None, help="write OUT.json and OUT.md")
     args = p.parse_args(argv)
+    unknown = [v for v in args.variants.split(",") if v and v not in LLAMA_VARIANTS]
+    if unknown:
+        p.error(f"unknown --variants {', '.join(unknown)} (known: {', '.join(LLAMA_VARIANTS)})")
     wanted = args.models.split(",")
     if args.out:  # made now: a missing folder must not lose a finished run's results
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -298,7 +365,10 @@ def main(argv: list[str] | None = None) -> int:
         prompts = prompts_for(load_tokenizer(model, None), args.prompts)
         print(f"{label}: {len(prompts)} prompts ...", file=sys.stderr, flush=True)
         specs = [m for m in args.spec.split(",") if m]
-        results[label] = compare(model, draft, args.llama_python, args.threads, prompts, args.max_tokens, specs)
+        variants = [v for v in args.variants.split(",") if v]
+        results[label] = compare(
+            model, draft, args.llama_python, args.threads, prompts, args.max_tokens, specs, variants
+        )
     report = {
         "command": "python benchmarks/gguf_peers/gguf_peers.py " + " ".join(argv or sys.argv[1:]),
         "machine": machine_info(),

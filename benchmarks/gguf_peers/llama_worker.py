@@ -1,7 +1,9 @@
 """An engine in a process of its own for the peer benchmarks: JSON lines in, JSON lines out.
 
-Run as a script (`python benchmarks/gguf_peers/llama_worker.py MODEL THREADS [DRAFT]`) under any Python that has
-llama-cpp-python: it imports neither speclm nor torch, so its memory and load time are llama.cpp's own.
+Run as a script (`python benchmarks/gguf_peers/llama_worker.py MODEL THREADS [DRAFT] [--context JSON]`) under any
+Python that has llama-cpp-python: it imports neither speclm nor torch, so its memory and load time are llama.cpp's
+own. --context passes keyword arguments to llama_cpp.Llama (e.g. '{"type_k": 0, "type_v": 0}' for an f32 KV cache):
+the same model under another configuration, to measure llama.cpp's agreement with itself.
 speclm's worker (benchmarks/gguf_peers/speclm_worker.py) speaks the same protocol:
 
   {"job": "generate", "ids": [...], "max_tokens": N} -> {"tokens": [...], "seconds": s, "first_token_at": t}
@@ -54,11 +56,14 @@ def serve(engine) -> None:
 class LlamaCppEngine:
     """llama.cpp through llama-cpp-python: greedy (top-k 1, no penalties), EOS ignored."""
 
-    def __init__(self, model: str, threads: int, draft: str | None = None, n_ctx: int = 4096) -> None:
+    def __init__(
+        self, model: str, threads: int, draft: str | None = None, n_ctx: int = 4096, context: dict | None = None
+    ) -> None:
         from llama_cpp import Llama
 
         def load(path: str):
-            return Llama(path, n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx, verbose=False)
+            kwargs = {"n_threads": threads, "n_threads_batch": threads, "n_ctx": n_ctx, **(context or {})}
+            return Llama(path, verbose=False, **kwargs)
 
         self.llama = load(model)
         self.draft = load(draft) if draft else None  # loaded (its memory counted), not used for drafting here
@@ -92,4 +97,12 @@ class LlamaCppEngine:
 
 
 if __name__ == "__main__":
-    serve(LlamaCppEngine(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None))
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("model")
+    p.add_argument("threads", type=int)
+    p.add_argument("draft", nargs="?")
+    p.add_argument("--context", type=json.loads, default=None, help="more llama_cpp.Llama arguments, as JSON")
+    a = p.parse_args()
+    serve(LlamaCppEngine(a.model, a.threads, a.draft, context=a.context))
