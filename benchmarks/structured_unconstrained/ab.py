@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -27,19 +26,12 @@ PROMPTS = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(checkout: str, max_tokens: int, threads: int) -> dict:
     """One server from `checkout`: a warm-up request, then every prompt once, timed one at a time."""
     import httpx
 
-    port = free_port()
     env = {**os.environ, "PYTHONPATH": checkout}
-    cmd = [sys.executable, "-m", "speclm", "serve", "--threads", str(threads), "--port", str(port)]
+    cmd = [sys.executable, "-m", "speclm", "serve", "--threads", str(threads), "--port", "0"]  # (it names the port)
     server = subprocess.Popen(cmd, env=env, cwd=checkout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         for line in server.stderr:
@@ -47,7 +39,7 @@ def run(checkout: str, max_tokens: int, threads: int) -> dict:
                 break
         else:
             raise SystemExit(f"error: the server from {checkout} did not start")
-        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        url = line.split("listening on", 1)[1].strip() + "/v1/chat/completions"
         texts, tokens, seconds = [], 0, 0.0
         for i, prompt in enumerate(["Hello."] + PROMPTS):
             body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0}

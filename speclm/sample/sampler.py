@@ -12,8 +12,8 @@ from speclm.sampling_params import SamplingParams
 
 
 def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Probabilities [rows, vocab] after temperature, top-k, top-p and min-p, in that order (as vLLM and
-    transformers apply them; rows are independent).
+    """Probabilities [rows, vocab] after temperature, top-k, top-p and min-p, in that order (as
+    transformers' generate applies them; rows are independent).
 
     Greedy (temperature 0) gives a one-hot distribution on the argmax.
     """

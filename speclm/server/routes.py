@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 import time
 
@@ -48,13 +47,12 @@ def completion_logprobs(service: GenerationService, logprobs: list[TokenLogprob]
     """/v1/completions' logprobs object (its legacy shape): tokens, their logprobs, the top N of each."""
     if logprobs is None:
         return None
-    text = functools.partial(token_text, service)
-    tokens = [text(lp.token) for lp in logprobs]
+    tokens = [token_text(service, lp.token) for lp in logprobs]
     offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0)) if tokens else []
     return {
         "tokens": tokens,
         "token_logprobs": [lp.logprob for lp in logprobs],
-        "top_logprobs": [{text(t): v for t, v in lp.top} for lp in logprobs],
+        "top_logprobs": [{token_text(service, t): v for t, v in lp.top} for lp in logprobs],
         "text_offset": offsets,
     }
 
