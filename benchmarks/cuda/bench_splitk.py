@@ -7,7 +7,7 @@
    CUDA graph of CALLS calls, for contexts of CONTEXTS keys, in two layouts: "eager" (the row alone, its
    table as wide as its context: a batch-1 eager step) and "graph" (the row among 31 padded rows of one key,
    the table 32768 wide: a batch-1 CUDA-graph step, whose table is as wide as the model's context); the
-   single pass (partition 0) against split-K at PARTITIONS keys per partition (and at 256 with MORE_PROGRAMS
+   single pass (partition 0) against split-K at PARTITIONS keys per partition (and at 256 with OTHER_PROGRAMS
    programs a launch), with the largest difference to the torch reference.
 2. decode: batch-1 greedy decode of the random 1.5B model (bf16, CUDA graphs, batch-invariant GEMMs) after
    prompts of PROMPTS tokens: the median time of a decode step (a target pass with its logits on the host)
@@ -33,7 +33,7 @@ from bench_cuda import QWEN_1_5B, TINY, card, llm_from_model, random_pair  # noq
 CONTEXTS = (160, 512, 2048, 8192)  # 160: bench_cuda's batch-1 run (a 32-token prompt, 128 new tokens)
 PARTITIONS = (0, 64, 128, 256, 512)  # 0: the single pass
 PROMPTS = (32, 2048)
-MORE_PROGRAMS = 2048  # split-K programs a launch aims at, against SPLIT_PROGRAMS (the p256/2048 column)
+OTHER_PROGRAMS = 512  # split-K programs a launch aims at, against SPLIT_PROGRAMS (the p256/512 column)
 CALLS, NEW_TOKENS, GRAPH_WIDTH, GRAPH_ROWS = 50, 64, 32768, 32
 
 
@@ -93,7 +93,7 @@ def kernel_part(device: torch.device, tiny: bool) -> list[dict]:
                 q[:, :1], keys, values, lengths[:1], table[:1, :context], table_rows[:1], dim**-0.5
             )
             row = {"context": context, "layout": layout, "table_width": table.shape[1], "rows": len(lengths)}
-            cases = [(p, None) for p in ((0, 32) if tiny else PARTITIONS)] + [(32 if tiny else 256, MORE_PROGRAMS)]
+            cases = [(p, None) for p in ((0, 32) if tiny else PARTITIONS)] + [(32 if tiny else 256, OTHER_PROGRAMS)]
             for partition, programs in cases:
 
                 def call(p=partition):
@@ -131,7 +131,8 @@ def decode_part(device: torch.device, tiny: bool) -> list[dict]:
 
     hf, llm = random_pair(TINY if tiny else QWEN_1_5B, device)
     del hf
-    default, vocab, new = triton_attention.PARTITION_KEYS, llm.model.config.vocab_size, 8 if tiny else NEW_TOKENS
+    default, by_default = triton_attention.PARTITION_KEYS, triton_attention.SPLIT_K_BY_DEFAULT
+    vocab, new = llm.model.config.vocab_size, 8 if tiny else NEW_TOKENS
     rows = []
     for prompt_len in (8, 40) if tiny else PROMPTS:
         prompt = torch.randint(1, vocab, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len)).tolist()
@@ -145,7 +146,7 @@ def decode_part(device: torch.device, tiny: bool) -> list[dict]:
                 out = run.generate([prompt], SamplingParams(max_tokens=new, ignore_eos=True))[0]
                 graphs = run.runner.decode_graphs(run.engine.cache)
             finally:
-                triton_attention.PARTITION_KEYS, triton_attention.SPLIT_K_BY_DEFAULT = default, False
+                triton_attention.PARTITION_KEYS, triton_attention.SPLIT_K_BY_DEFAULT = default, by_default
             steps = clock.seconds[-(new - 1) :]  # (the prompt's last chunk yields the first token)
             tokens[label] = out.token_ids
             row[label] = {

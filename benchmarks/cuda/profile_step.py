@@ -22,12 +22,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="/tmp/profile")
     parser.add_argument("--graphs", default="auto", choices=["auto", "off"])
+    parser.add_argument(
+        "--partition", type=int, default=None, help="split-K attention at this many keys a partition (0: single pass)"
+    )
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     from torch.profiler import ProfilerActivity, profile
 
     from speclm import SamplingParams
+    from speclm.kernels import triton_attention
 
+    if args.partition is not None:  # (read when the graphs are captured, at the first generate)
+        triton_attention.PARTITION_KEYS = args.partition or triton_attention.PARTITION_KEYS
+        triton_attention.SPLIT_K_BY_DEFAULT = args.partition > 0
+    label = args.graphs + ("" if args.partition is None else f"_p{args.partition}")
     device = torch.device("cuda")
     hf, llm = random_pair(QWEN_1_5B, device)
     del hf
@@ -48,7 +56,8 @@ def main() -> int:
     events = prof.key_averages()
     gpu_us = sum(e.self_device_time_total for e in events)
     lines = [
-        f"graphs {args.graphs}: wall {wall * 1e3:.1f} ms for 48 tokens ({48 / wall:.1f} tokens/s); "
+        f"graphs {args.graphs}, partition {args.partition}, {next(llm.model.parameters()).dtype}: "
+        f"wall {wall * 1e3:.1f} ms for 48 tokens ({48 / wall:.1f} tokens/s); "
         f"GPU busy {gpu_us / 1e3:.1f} ms ({100 * gpu_us / 1e3 / (wall * 1e3):.0f}% of wall)",
         "== by GPU time",
         events.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60),
@@ -57,7 +66,7 @@ def main() -> int:
     ]
     text = "\n".join(lines)
     print(text)
-    with open(os.path.join(args.out, f"profile_{args.graphs}.txt"), "w") as f:
+    with open(os.path.join(args.out, f"profile_{label}.txt"), "w") as f:
         f.write(text)
     return 0
 

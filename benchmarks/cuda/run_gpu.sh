@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks of issue 32 in one prepared run, from the repository root, results under $OUT:
-#   bash benchmarks/cuda/run_gpu.sh [all|tests|bench|splitk]
+#   bash benchmarks/cuda/run_gpu.sh [all|tests|bench|splitk|probe]
 # Hard limits per step (all: at most 530 s, inside one 540 s call): wheels 40 s, machine 30 s, tests 230 s,
 # benchmark 230 s; splitk (split-K against the single-pass attention kernel, not part of all) 200 s. Each step is isolated: it has its own hard timeout, writes its own log, and a failure
 # does not stop the next step. What speclm imports and the GPU image lacks (gguf; fastapi, pydantic, uvicorn
@@ -77,6 +77,20 @@ if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
   timeout -k 10 ${BENCH_TIMEOUT:-230} $PY benchmarks/cuda/bench_cuda.py --out "$OUT"
   echo "bench exit $?"
   cat "$OUT/cuda_bench.md" 2>/dev/null
+fi
+if [ "$WHAT" = probe ]; then
+  # Where a batch-1 step of the 1.5B shapes goes (bf16): split-K's tests, then split-K against the single
+  # pass, the projections' GEMMs alone, and the profiler's view of a step with either attention kernel.
+  step "split-K tests"
+  timeout -k 10 90 $PY -m pytest -m cuda tests/cuda/test_cuda_attention.py -q -p no:cacheprovider 2>&1 | tail -n 15
+  step "split-K benchmark"
+  timeout -k 10 200 $PY benchmarks/cuda/bench_splitk.py --out "$OUT"
+  step "GEMM benchmark"
+  timeout -k 10 60 $PY benchmarks/cuda/bench_gemm.py --out "$OUT"
+  for partition in 0 64; do
+    step "profile, partition $partition"
+    timeout -k 10 70 $PY benchmarks/cuda/profile_step.py --partition $partition --out "$OUT" | head -n 32
+  done
 fi
 if [ "$WHAT" = splitk ]; then
   step "split-K benchmark"

@@ -4,8 +4,8 @@ sliding-window layer's row: its last `window` ones), with an online softmax in f
 KV head are one program's rows. The interface and the result are
 speclm.models.gpu_attention.attend_rows_reference's.
 
-Two ways through the keys; split-K when asked for, or by default once SPLIT_K_BY_DEFAULT is on, and then
-where the table's width (the longest row it can hold, known on the host) spans more than one partition:
+Two ways through the keys; split-K by default (SPLIT_K_BY_DEFAULT) where the table's width (the longest row
+it can hold, known on the host) spans more than one partition, else the single pass:
 - single pass: one program per (row, KV head) walks the row's keys serially (short contexts);
 - split-K (flash-decoding): a row's keys fall into partitions of PARTITION_KEYS keys, counted from key 0;
   each partition's max, sum and weighted values are written in fp32, and a second kernel merges a row's
@@ -23,10 +23,11 @@ import triton.language as tl
 
 NO_WINDOW = 2**30  # (a window no row reaches)
 PARTITION_KEYS = 256  # keys per split-K partition
-# Split-K is tested (tests/cuda, tests/kernels) but its speed is not measured on a GPU yet
-# (benchmarks/cuda/bench_splitk.py): until it is, the single pass stays the default.
-SPLIT_K_BY_DEFAULT = False
-SPLIT_PROGRAMS = 512  # split-K programs a launch aims at (a row's partitions are shared among its programs)
+# Split-K pays from a few hundred keys on and costs a merge launch below (benchmarks/cuda/splitk_bench_h100.md).
+SPLIT_K_BY_DEFAULT = True
+# Split-K programs a launch aims at (a row's partitions are shared among its programs). A CUDA-graph step
+# counts its padded rows too, so at batch 1 the real row gets SPLIT_PROGRAMS / (bucket rows * KV heads).
+SPLIT_PROGRAMS = 2048
 SPLIT_BUFFER_BYTES = 128 << 20  # partial results one launch may hold (more rows: several launches)
 
 
