@@ -31,6 +31,7 @@ from speclm.engine.speculation import Speculation
 from speclm.engine.stop import OutputTracker
 from speclm.kv.block_manager import BlockManager
 from speclm.kv.hybrid import HybridBlockManager
+from speclm.speculative.controller import PassCosts
 from speclm.speculative.factory import ProposerFactory
 from speclm.structured.matcher import GrammarMatcher, GrammarVocab
 from speclm.tokenizer import Tokenizer
@@ -83,6 +84,7 @@ class Engine:
         self.processor = OutputProcessor(
             runner, self.cache, self.block_manager, self.scheduler, self.sequences, self.evictor
         )
+        self.pass_costs = PassCosts()  # (every sequence's speculation measures and reads it)
         self.num_steps = 0
 
     def _new_pools(self, runner: ModelRunner) -> None:
@@ -178,7 +180,12 @@ class Engine:
         if spec is None:
             return None
         return Speculation.of(
-            self.make_proposer(spec), spec.num_speculative_tokens, spec.adaptive, prompt_ids, max_total_tokens
+            self.make_proposer(spec),
+            spec.num_speculative_tokens,
+            spec.adaptive,
+            prompt_ids,
+            max_total_tokens,
+            self.pass_costs,
         )
 
     def abort(self, request_id: str) -> None:

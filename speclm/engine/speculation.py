@@ -16,7 +16,7 @@ from speclm.sample.rejection import RejectionSampler, VerificationResult
 from speclm.sample.row_logits import RowLogits
 from speclm.sample.tree import TokenTree
 from speclm.sampling_params import SamplingParams
-from speclm.speculative.controller import SpeculationController
+from speclm.speculative.controller import PassCosts, SpeculationController
 from speclm.speculative.proposer import Proposal, Proposer
 
 if TYPE_CHECKING:
@@ -25,6 +25,13 @@ if TYPE_CHECKING:
 # Trees of this many nodes or more take their logits row by row along the verifier's walk: the
 # head's matmul over the path's rows only costs less than over every row of a big tree.
 LAZY_LOGITS_NODES = 4
+# A proposer's catch-up (a draft model reading a prompt, or a context that grew while the batch was too
+# big to speculate) is made only if it costs at most this share of the target's expected time for the
+# tokens still wanted: it must be paid back by drafting the rest, which takes a 1.14x speedup from the
+# draft for this share alone. On the pair a 700-token prompt with 256 tokens wanted costs ~0.2 of that
+# time and the draft runs its decoding at ~1.0-1.3x there, where prompt lookup alone does as well; short
+# prompts cost under 0.07 (benchmarks/serve_catch_up/).
+CATCH_UP_SHARE = 1 / 8
 
 
 @dataclass
@@ -35,7 +42,9 @@ class Speculation:
     controller: SpeculationController
     prompt_ids: list[int]
     capacity: int  # tokens the proposer may have to hold: the sequence's, plus a step's drafts and bonus
+    costs: PassCosts  # the engine's: what a target pass costs a sequence, measured over all of them
     started: bool = False
+    declined: bool = False  # the proposer's catch-up would not pay and it has nothing else: no more drafts
     proposal: Proposal | None = None
     proposer_seconds: float = 0.0
     num_features: int = 0  # positions whose target features the proposer holds (feature proposers)
@@ -47,12 +56,18 @@ class Speculation:
 
     @classmethod
     def of(
-        cls, proposer: Proposer, max_k: int, adaptive: bool, prompt_ids: list[int], max_total_tokens: int
+        cls,
+        proposer: Proposer,
+        max_k: int,
+        adaptive: bool,
+        prompt_ids: list[int],
+        max_total_tokens: int,
+        costs: PassCosts,
     ) -> Speculation:
         if proposer.node_budget is not None:  # the proposal's shape is the method's (e.g. lookahead:W,N,G)
             max_k, adaptive = proposer.node_budget, False
         controller = SpeculationController(max_k, adaptive, depth_of=proposer.tree_depth)
-        return cls(proposer, controller, prompt_ids, max_total_tokens + max_k + 1)
+        return cls(proposer, controller, prompt_ids, max_total_tokens + max_k + 1, costs)
 
     def _started(self) -> Proposer:
         """The proposer, started for this sequence's prompt on first use (a waiting sequence holds no
@@ -94,8 +109,12 @@ class Speculation:
         proposer = self._started()
         self.proposal = None
         self.observing, self.proposed, self.num_forced = proposer.observes_rows, True, 0
+        if not self.declined and not self._catch_up_pays(proposer, context, wanted):
+            self.declined = not proposer.drop_catch_up()
         if matcher is not None:
             return self._constrained(proposer, context, wanted, room, params, generator, matcher)
+        if self.declined:
+            return []
         k = min(self.controller.next_k(), room if proposer.proposes_trees else wanted, room)
         if k <= 0 or wanted <= 0:
             return []
@@ -131,7 +150,7 @@ class Speculation:
         k = min(self.controller.next_k(), room - len(forced), wanted - len(forced))
         if proposer.proposes_trees:
             k = min(self.controller.next_k(), room - len(forced))
-        if forced and proposer.observes_rows:
+        if (forced and proposer.observes_rows) or self.declined:  # (forced tokens are drafts of their own)
             k, self.observing = 0, False
         proposal = Proposal()
         if k > 0:
@@ -155,6 +174,16 @@ class Speculation:
         self.proposal = _after(forced, proposal)
         self.proposer_seconds = time.perf_counter() - t0
         return self.proposal.tokens
+
+    def _catch_up_pays(self, proposer: Proposer, context: list[int], wanted: int) -> bool:
+        """Whether the proposer's catch-up before this proposal (if any) costs at most CATCH_UP_SHARE of
+        the target's expected time for the `wanted` tokens (a plain pass's measured cost for this
+        sequence, each). Before either is measured it is made (and measured)."""
+        seconds = proposer.catch_up_seconds(context)
+        if seconds <= 0.0:
+            return True
+        step = self.costs.seconds(0)
+        return step is None or seconds <= CATCH_UP_SHARE * wanted * step
 
     def tree(self, granted: int) -> TokenTree:
         """The shape of the first `granted` drafts (parents come first, so a prefix is a tree)."""
@@ -209,12 +238,14 @@ class Speculation:
             depth,
             catch_up=self.num_verified == 0,
         )
+        self.costs.record(tree.num_nodes, target_seconds)
         self.num_verified += 1
         self.proposal = None
 
     def record_plain_step(self, seconds: float) -> None:
         """A step without drafts: its cost is what speculation competes with."""
         self.controller.record(0, 0, 0.0, seconds)
+        self.costs.record(0, seconds)
 
 
 def _after(forced: list[int], proposal: Proposal) -> Proposal:

@@ -98,15 +98,7 @@ class SpeculationController:
 
     def target_seconds(self, k: int) -> float:
         """Measured time of a verification pass over K drafts, or a straight-line estimate from the measured Ks."""
-        if k in self.target_time:
-            return self.target_time[k]
-        points = sorted(self.target_time.items())
-        if len(points) == 1:
-            return points[0][1]
-        n = len(points)
-        mean_k, mean_t = sum(p for p, _ in points) / n, sum(t for _, t in points) / n
-        slope = sum((p - mean_k) * (t - mean_t) for p, t in points) / sum((p - mean_k) ** 2 for p, _ in points)
-        return max(mean_t + max(slope, 0.0) * (k - mean_k), min(t for _, t in points))
+        return fitted_seconds(self.target_time, k)
 
     # -- measurements --------------------------------------------------------------------
     def record(
@@ -141,3 +133,36 @@ class SpeculationController:
         if self._probing:
             self._probing = False
             self._steps_off = 0
+
+
+def fitted_seconds(times: dict[int, float], k: int) -> float:
+    """The time of a pass over K drafts from `times` (K -> measured seconds, not empty): measured, or a
+    straight line through the measured Ks (a pass costs about linearly more per row), never below the
+    cheapest measured pass."""
+    if k in times:
+        return times[k]
+    points = sorted(times.items())
+    if len(points) == 1:
+        return points[0][1]
+    n = len(points)
+    mean_k, mean_t = sum(p for p, _ in points) / n, sum(t for _, t in points) / n
+    slope = sum((p - mean_k) * (t - mean_t) for p, t in points) / sum((p - mean_k) ** 2 for p, _ in points)
+    return max(mean_t + max(slope, 0.0) * (k - mean_k), min(t for _, t in points))
+
+
+@dataclass
+class PassCosts:
+    """What a target pass costs one sequence, measured over every sequence of an engine (K -> seconds,
+    decayed like a controller's): a new sequence's controller has measured nothing yet, but the
+    engine has. A batch's pass is shared among its rows, so in a batch a sequence's pass costs less."""
+
+    smoothing: float = 0.2
+    times: dict[int, float] = field(default_factory=dict)
+
+    def record(self, k: int, seconds: float) -> None:
+        previous = self.times.get(k)
+        self.times[k] = seconds if previous is None else (1 - self.smoothing) * previous + self.smoothing * seconds
+
+    def seconds(self, k: int) -> float | None:
+        """A pass over K drafts (None: nothing measured yet)."""
+        return fitted_seconds(self.times, k) if self.times else None

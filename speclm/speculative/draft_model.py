@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import time
 
 import torch
 
@@ -72,6 +73,27 @@ def load_token_map(model_dir: str, vocab_size: int) -> torch.Tensor | None:
     return ids
 
 
+class CatchUpRate:
+    """What a draft model's catch-ups cost per token (a pass over a prompt it has not read), measured on
+    those of MIN_TOKENS tokens or more (fewer are a step's new tokens, paid like drafting) and decayed."""
+
+    MIN_TOKENS = 64
+    SMOOTHING = 0.3
+
+    def __init__(self) -> None:
+        self.seconds_per_token: float | None = None
+
+    def record(self, tokens: int, seconds: float) -> None:
+        if tokens < self.MIN_TOKENS:
+            return
+        rate, s = seconds / tokens, self.SMOOTHING
+        self.seconds_per_token = rate if self.seconds_per_token is None else (1 - s) * self.seconds_per_token + s * rate
+
+    def seconds(self, tokens: int) -> float:
+        """Expected seconds of a catch-up over `tokens` (0.0 before any was measured)."""
+        return 0.0 if self.seconds_per_token is None else tokens * self.seconds_per_token
+
+
 class DraftModelProposer(Proposer):
     """Runs a cheaper model autoregressively for k steps with its own KV cache.
 
@@ -121,6 +143,7 @@ class DraftModelProposer(Proposer):
         self.cache = None
         self.cached_ids: list[int] = []  # the view's tokens in the cache (see view())
         self.prompt_memo = PromptMemo()  # shared with every fresh() copy
+        self.catch_up_rate = CatchUpRate()  # shared with every copy: the same model on the same machine
         self.unremembered: list[int] | None = None  # this sequence's prompt (its view) until the memo holds it
 
     def fresh(self) -> DraftModelProposer:
@@ -188,17 +211,31 @@ class DraftModelProposer(Proposer):
         full[:, self.token_map] = probs
         return full
 
+    def _agreeing(self, view: list[int]) -> int:
+        """How many of the cached tokens to keep for `view`: the prefix that agrees with it, short of its
+        last token (always re-fed for its logits)."""
+        keep = 0
+        limit = min(len(self.cached_ids), len(view) - 1)
+        while keep < limit and self.cached_ids[keep] == view[keep]:
+            keep += 1
+        return keep
+
+    def catch_up_seconds(self, context: list[int]) -> float:
+        view = self.view(context)
+        if len(view) - len(self.cached_ids) < CatchUpRate.MIN_TOKENS:  # (a step's few new tokens: drafting)
+            return 0.0
+        return self.catch_up_rate.seconds(len(view) - self._agreeing(view))
+
     def _catch_up(self, context: list[int]) -> torch.Tensor:
         """Keep the cached prefix that agrees with the committed context (its view), feed the rest; the
         logits after the context's last token ([1, vocab] or over the token map)."""
         context = self.view(context)
-        keep = 0
-        limit = min(len(self.cached_ids), len(context) - 1)  # always re-feed the last token for its logits
-        while keep < limit and self.cached_ids[keep] == context[keep]:
-            keep += 1
+        keep = self._agreeing(context)
         self.cache.truncate(keep)
         del self.cached_ids[keep:]
+        t0 = time.perf_counter()
         logits = self._feed(context[keep:])
+        self.catch_up_rate.record(len(context) - keep, time.perf_counter() - t0)
         prompt = self.unremembered
         if prompt is not None and self.cached_ids[: len(prompt)] == prompt:  # the whole prompt is cached now
             self.prompt_memo.remember(self._memo_keys(prompt), self.cache)

@@ -36,7 +36,9 @@ class HybridProposer(Proposer):
     that agrees with the committed context and feeds the rest in one pass, so tokens that lookup
     proposed and the target accepted (which it never drafted) are caught up on then. Its first
     proposal always runs the draft over the prompt, even when lookup drafts: the engine's controller
-    counts a sequence's first proposal as prefill, not as drafting cost.
+    counts a sequence's first proposal as prefill, not as drafting cost. Where that pass would not pay
+    back (drop_catch_up: a long prompt and few tokens wanted, see speclm/engine/speculation.py), the
+    draft model never reads the prompt and lookup drafts alone.
 
     Every proposal is a valid draft for the step whichever source made it, and the choice depends on
     earlier steps only, so the verifier keeps the output exact (greedy output equals plain decoding's).
@@ -60,6 +62,7 @@ class HybridProposer(Proposer):
         self.losses = {LOOKUP: 0, DRAFT: 0}
         self.proposals = {LOOKUP: 0, DRAFT: 0}  # how many steps each source drafted (this sequence)
         self.prefilled = False
+        self.lookup_only = False  # the draft model's catch-up was dropped for this sequence
         self._pending: tuple | None = None  # (estimator, k, depth, seconds, catch_up, end time)
 
     def _estimator(self) -> SpeculationController:
@@ -90,10 +93,12 @@ class HybridProposer(Proposer):
         t0 = time.perf_counter()
         tokens, n = find_match(context, k, self.min_n, self.max_n)
         catch_up = not self.prefilled
-        if tokens and self._prefer_lookup(n, len(tokens), k):
-            if catch_up:
+        if tokens and (self.lookup_only or self._prefer_lookup(n, len(tokens), k)):
+            if catch_up and not self.lookup_only:
                 self.draft.sync(context)
-            proposal, stats, source = Proposal(tokens), self.lookup_stats[n], LOOKUP
+            proposal, stats, source = Proposal(tokens), self.lookup_stats.setdefault(n, self._estimator()), LOOKUP
+        elif self.lookup_only:
+            return Proposal()
         else:
             self.draft.grammar = self.grammar
             try:
@@ -107,6 +112,13 @@ class HybridProposer(Proposer):
         depth = None if proposal.parents is None else proposal.tree().max_depth
         self._pending = (stats, len(proposal.tokens), depth, end - t0, catch_up, end)
         return proposal
+
+    def catch_up_seconds(self, context: list[int]) -> float:
+        return 0.0 if self.lookup_only else self.draft.catch_up_seconds(context)
+
+    def drop_catch_up(self) -> bool:
+        self.lookup_only = True
+        return True
 
     def update(self, num_accepted: int) -> None:
         if self._pending is None:  # no proposal, or one the scheduler granted no rows

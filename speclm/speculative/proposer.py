@@ -111,6 +111,18 @@ class Proposer:
     def update(self, num_accepted: int) -> None:
         """How many of the last proposal's tokens the target accepted."""
 
+    def catch_up_seconds(self, context: list[int]) -> float:
+        """Seconds the next proposal would spend bringing a model of the proposer's own up to `context`
+        before it drafts (a draft model's pass over a prompt it has not read), as measured so far; 0.0 for
+        proposers that keep no such model, and before anything was measured."""
+        return 0.0
+
+    def drop_catch_up(self) -> bool:
+        """That catch-up would not pay back: draft without it from now on. True when the proposer still
+        has drafts to offer (the hybrid: prompt lookup alone), False when it has none (the sequence then
+        decodes without speculation)."""
+        return False
+
     def tree_depth(self, k: int) -> int:
         """The deepest a k-token proposal reaches (for the speculation controller): k for a chain."""
         return k

@@ -4,6 +4,7 @@ import pytest
 
 from speclm.config import SpecConfig
 from speclm.sampling_params import SamplingParams
+from speclm.speculative.controller import PassCosts
 from speclm.speculative.lookahead import LookaheadProposer
 
 GREEDY = SamplingParams()
@@ -55,5 +56,7 @@ def test_bad_shapes_are_rejected(bad):
 def test_shape_fixes_the_node_budget():
     from speclm.engine.speculation import Speculation
 
-    s = Speculation.of(LookaheadProposer(5, 3, 3), max_k=4, adaptive=True, prompt_ids=[1, 2], max_total_tokens=16)
+    s = Speculation.of(
+        LookaheadProposer(5, 3, 3), max_k=4, adaptive=True, prompt_ids=[1, 2], max_total_tokens=16, costs=PassCosts()
+    )
     assert s.controller.max_k == 5 + 2 * 4 and not s.controller.adaptive
