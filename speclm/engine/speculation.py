@@ -45,6 +45,7 @@ class Speculation:
     costs: PassCosts  # the engine's: what a target pass costs a sequence, measured over all of them
     started: bool = False
     declined: bool = False  # the proposer's catch-up would not pay and it has nothing else: no more drafts
+    behind: bool = False  # steps without drafts since the last proposal: the next one also reads their tokens
     proposal: Proposal | None = None
     proposer_seconds: float = 0.0
     num_features: int = 0  # positions whose target features the proposer holds (feature proposers)
@@ -236,15 +237,20 @@ class Speculation:
             self.proposer_seconds,
             target_seconds,
             depth,
-            catch_up=self.num_verified == 0,
+            catch_up=self.num_verified == 0 or self.behind,
         )
+        self.behind = False
         self.costs.record(tree.num_nodes, target_seconds)
         self.num_verified += 1
         self.proposal = None
 
     def record_plain_step(self, seconds: float) -> None:
-        """A step without drafts: its cost is what speculation competes with."""
+        """A step without drafts: its cost is what speculation competes with. A proposer that keeps a model
+        of its own (a draft model) reads this step's token at its next proposal, with any others it
+        missed: that proposal's time is catching up, not drafting (charged as drafting, a probe after
+        speculation turned off would price each drafted token at the whole catch-up, and keep it off)."""
         self.controller.record(0, 0, 0.0, seconds)
+        self.behind = True
         self.costs.record(0, seconds)
 
 

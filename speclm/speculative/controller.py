@@ -16,8 +16,9 @@ class SpeculationController:
     verification time for K plus K times the measured cost of one drafted token.
 
     What keeps the estimates honest:
-    - a proposal that made the proposer catch up on a whole prompt (the first of a sequence) is not
-      counted as drafting cost: that is prefill, paid once, not per drafted token;
+    - a proposal that made the proposer catch up (the first of a sequence, on the prompt; or the first
+      after steps without drafts, on their tokens) is not counted as drafting cost: that is paid once,
+      not per drafted token;
     - verification times are measured per K; a K not measured yet is estimated from a straight line
       through the ones that were (a pass costs about linearly more per row);
     - acceptance counts decay, so the estimates follow the text as it changes;
@@ -111,7 +112,8 @@ class SpeculationController:
         catch_up: bool = False,
     ) -> None:
         """Fold one step into the estimates. `depth`: a tree's depth (None: a chain of k); `catch_up`:
-        the proposer also caught up on a whole prompt this time, so its time is not drafting cost."""
+        the proposer also caught up on context it had not read (a prompt, or the tokens of steps without
+        drafts), so its time is not drafting cost."""
         s = self.smoothing
         previous = self.target_time.get(k)
         self.target_time[k] = target_seconds if previous is None else (1 - s) * previous + s * target_seconds

@@ -84,3 +84,25 @@ def test_a_catch_up_that_pays_is_made(stories_llm, perturbed_stories_dir):
     # the draft read the prompt and drafted (a later catch-up over what lookup committed may still be
     # skipped near the end, when few tokens are left to pay it back)
     assert hybrid.proposals["draft"] > 0 and len(hybrid.draft.cached_ids) >= len(prompt)
+
+
+@pytest.mark.parametrize("after_plain_steps", [False, True])
+def test_the_first_proposal_after_steps_without_drafts_is_not_charged_as_drafting(after_plain_steps):
+    """A probe after speculation was off also reads the tokens of the steps without drafts: charged as
+    drafting, its whole catch-up would be priced per drafted token and keep speculation off."""
+    from speclm.engine.request import GenerationStats
+    from speclm.engine.speculation import Speculation
+    from speclm.sample.rejection import VerificationResult
+    from speclm.sample.tree import TokenTree
+    from speclm.speculative.controller import PassCosts
+    from speclm.speculative.ngram import NgramProposer
+
+    spec = Speculation.of(NgramProposer(), 4, True, [1, 2, 3], 64, PassCosts())
+    spec.num_verified, spec.controller.draft_time = 1, 0.001
+    if after_plain_steps:
+        spec.record_plain_step(0.02)
+    spec.proposed, spec.proposer_seconds = False, 1.0  # (a proposal whose time was mostly catching up)
+    spec.record(TokenTree.chain(2), VerificationResult([5], 0, False), 0.03, GenerationStats())
+    expected = 0.001 if after_plain_steps else (1 - 0.2) * 0.001 + 0.2 * 0.5
+    assert spec.controller.draft_time == pytest.approx(expected)
+    assert spec.costs.seconds(2) == pytest.approx(0.03)
