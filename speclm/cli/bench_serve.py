@@ -46,8 +46,8 @@ def run_serve(args: argparse.Namespace) -> int:
     prompts = [p[-room:] for p in prompts]  # keep the end of over-long prompts (tiny-context models)
     peers = serve_peers(args, llm.model_path, methods)
 
-    def num_requests(c: int) -> int:  # --compare-inprocess: each prompt once per level by default
-        return args.requests or (len(prompts) if args.compare_inprocess else max(4, 2 * c))
+    def num_requests(c: int) -> int:  # by default every prompt at least once per level (the per-category table)
+        return args.requests or (len(prompts) if args.compare_inprocess else max(len(prompts), 2 * c))
 
     def levels_at(url: str, label: str) -> list[dict]:
         rows = run_levels(url, prompts, [(c, num_requests(c)) for c in levels], args.max_tokens)

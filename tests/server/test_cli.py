@@ -47,6 +47,17 @@ def test_bench_serve_writes_json_and_markdown(tmp_path, stories_llm):
     assert "| no speculation | 3 | 3 |" in (tmp_path / "serve.md").read_text()
 
 
+def test_bench_serve_sends_every_prompt_at_each_level_by_default(tmp_path):
+    """Without --requests, a level sends each prompt once (and at least 2 x concurrency requests): the
+    per-category table then has every category at every level."""
+    args = ["bench", "serve", *STORIES, "--no-chat", "--per-category", "1", "--categories", "writing,qa,math"]
+    args += ["--concurrency", "1,2", "--max-tokens", "2", "--methods", "ar", "--out", str(tmp_path)]
+    assert main(args) == 0
+    data = json.loads((tmp_path / "serve.json").read_text())
+    assert [r["requests"] for r in data["results"]["no speculation"]] == [3, 4]
+    assert all(set(cells) == {"writing", "qa", "math", "overall"} for cells in data["per_category"].values())
+
+
 def test_bench_kv_reports_memory_and_agreement(tmp_path):
     args = [
         "bench",
