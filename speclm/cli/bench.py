@@ -94,7 +94,12 @@ def register(sub) -> None:
     p.add_argument("--name", default=None, help="output file stem (default spec_bench, or serve)")
     g = p.add_argument_group("bench serve")
     g.add_argument("--concurrency", default="1,4,16,32", help="comma-separated client counts (default 1,4,16,32)")
-    g.add_argument("--requests", type=int, default=0, help="requests per level (default 0: every prompt once, and at least 2 x concurrency)")
+    g.add_argument(
+        "--requests",
+        type=int,
+        default=0,
+        help="requests per level (default 0: every prompt once, and at least 2 x concurrency)",
+    )
     g.add_argument(
         "--compare-inprocess",
         action="store_true",
