@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_cuda import QWEN_1_5B, card  # noqa: E402
+from bench_splitk import gpu_us_per_call  # noqa: E402
 
 ROWS = (1, 8, 32)
-CALLS = 20
 STREAM_BYTES = 256 << 20  # the calls cycle through copies of a weight this large together: past the L2 cache
 
 
@@ -39,26 +39,6 @@ def shapes(c: dict) -> dict[str, tuple[int, int]]:
         "down_proj": (h, i),
         "lm_head": (c["vocab_size"], h),
     }
-
-
-def gpu_us(fn) -> float:
-    """GPU microseconds per call, from a CUDA graph of CALLS calls (best of 5 replays)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(5):
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, 1e3 * start.elapsed_time(end) / CALLS)
-    return best
 
 
 def main() -> int:
@@ -85,7 +65,7 @@ def main() -> int:
                 return x @ wts[next(turn) % len(wts)]
 
             for layout, fn in (("w", linear), ("wt", matmul)):
-                us = gpu_us(fn)
+                us = gpu_us_per_call(fn, device)
                 row[f"{layout}_m{m}_us"] = round(us, 2)
                 if bandwidth:
                     row[f"{layout}_m{m}_bw"] = round(weight_bytes / (us * 1e-6) / bandwidth, 3)

@@ -221,9 +221,9 @@ class DraftModelProposer(Proposer):
         return keep
 
     def catch_up_seconds(self, context: list[int]) -> float:
-        view = self.view(context)
-        if len(view) - len(self.cached_ids) < CatchUpRate.MIN_TOKENS:  # (a step's few new tokens: drafting)
+        if len(context) - self.dropped - len(self.cached_ids) < CatchUpRate.MIN_TOKENS:  # a step's few new tokens
             return 0.0
+        view = self.view(context)
         return self.catch_up_rate.seconds(len(view) - self._agreeing(view))
 
     def _catch_up(self, context: list[int]) -> torch.Tensor:

@@ -96,7 +96,9 @@ class HybridProposer(Proposer):
         if tokens and (self.lookup_only or self._prefer_lookup(n, len(tokens), k)):
             if catch_up and not self.lookup_only:
                 self.draft.sync(context)
-            proposal, stats, source = Proposal(tokens), self.lookup_stats.setdefault(n, self._estimator()), LOOKUP
+            if n not in self.lookup_stats:  # (lookup alone: never compared with the draft, so never measured)
+                self.lookup_stats[n] = self._estimator()
+            proposal, stats, source = Proposal(tokens), self.lookup_stats[n], LOOKUP
         elif self.lookup_only:
             return Proposal()
         else:
