@@ -24,3 +24,15 @@ def test_no_match_gives_nothing():
 def test_min_n_is_respected():
     assert find_continuation([1, 2, 9, 3, 2], 2, 2, 3) == []
     assert find_continuation([1, 2, 9, 3, 2], 2, 1, 3) == [9, 3]
+
+
+def test_a_constrained_request_also_takes_single_token_matches():
+    from speclm.sampling_params import SamplingParams
+    from speclm.speculative.ngram import NgramProposer
+    from speclm.structured.grammar import compile_constraint
+
+    context = [1, 2, 9, 3, 2]  # only the last token, 2, occurs earlier
+    proposer = NgramProposer()
+    assert proposer.propose(context, 2, SamplingParams(), None).tokens == []
+    constrained = SamplingParams(constraint=compile_constraint("regex", "[a-z]+", "c"))
+    assert proposer.propose(context, 2, constrained, None).tokens == [9, 3]
