@@ -1,7 +1,8 @@
 """Structured outputs and tool calls through the servers: speclm serve (constrained AR, constrained
-speculation with a draft model and forced tokens, constrained n-gram) against llama.cpp's llama-server with
-the same response_format / tools, on a JSON-extraction workload (schemas over passages of our own) and a
-tool-calling workload (tool_choice "required"), greedy, one request at a time.
+speculation with `draft:` (the hybrid) and with the draft model alone, constrained n-gram) against
+llama.cpp's llama-server with the same response_format / tools, on a JSON-extraction workload (schemas
+over passages of our own) and a tool-calling workload (tool_choice "required"), greedy, one request at a
+time.
 
 Each request is sent twice: first with max_tokens 1 (its time is the cold time to first token; it leaves
 the prompt in both servers' prompt caches), then in full, timed: its tokens/s is decoding with the prompt
@@ -25,10 +26,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 WORKLOAD = Path(__file__).resolve().parent / "workload.json"
-ROWS = ("ar", "draft", "ngram", "plain", "llama-server")
+ROWS = ("ar", "draft", "draft-model", "ngram", "plain", "llama-server")
 LABELS = {
     "ar": "speclm, constrained AR",
-    "draft": "speclm, constrained speculative (draft model + forced tokens)",
+    "draft": "speclm, `draft:` (the hybrid: under a grammar, forced tokens + lookup)",
+    "draft-model": "speclm, `draft:...,lookup=off` (draft model + forced tokens)",
     "ngram": "speclm, constrained n-gram (+ forced tokens)",
     "plain": "speclm, unconstrained AR (same token counts as constrained AR)",
     "llama-server": "llama-server, json_schema / tools",
@@ -201,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM(args.model, threads=args.threads)
     llm.engine.grammar_vocab()  # built once per tokenizer, before any timing
     draft = args.draft or llm.model_path
-    specs = {"ar": None, "plain": None, "draft": f"draft:{draft}", "ngram": "ngram"}
+    specs = {"ar": None, "plain": None, "draft": f"draft:{draft}", "draft-model": f"draft:{draft},lookup=off"}
+    specs["ngram"] = "ngram"
     results: dict[str, dict] = {}
     for row in rows:
         print(f"{LABELS[row]} ...", file=sys.stderr)
@@ -230,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             result[kind] = summary([r for r in result["requests"] if kind == "all" or r["kind"] == kind], ar_spt)
     if "ar" in results:  # greedy constrained speculation must write what constrained AR writes
         reference = [_without_ids(r["output"]) for r in results["ar"]["requests"]]
-        for name in ("draft", "ngram"):
+        for name in ("draft", "draft-model", "ngram"):
             if name in results:
                 results[name]["differs_from_ar"] = sum(
                     _without_ids(r["output"]) != o for r, o in zip(results[name]["requests"], reference)
@@ -294,7 +297,7 @@ def markdown(report: dict) -> str:
                 f"{_fmt(s.get('grammar_share_of_target_token'), '.1%')} | {s['ttft_mean']:.2f} |"
             )
         lines.append("")
-    for name in ("draft", "ngram"):
+    for name in ("draft", "draft-model", "ngram"):
         if "differs_from_ar" in results.get(name, {}):
             lines.append(
                 f"- {LABELS[name]}: outputs differing from constrained AR's: {results[name]['differs_from_ar']}"

@@ -11,11 +11,16 @@ import torch
 from speclm.sampling_params import SamplingParams
 from speclm.speculative.controller import SpeculationController
 from speclm.speculative.draft_model import DraftModelProposer
-from speclm.speculative.ngram import find_match
+from speclm.speculative.ngram import find_match, lookup_min_n
 from speclm.speculative.proposer import Proposal, Proposer
 
 LOOKUP = "lookup"
 DRAFT = "draft"
+# A constrained request (SamplingParams.constraint) drafts by lookup alone: its grammar's forced tokens and
+# prompt lookup (single-token matches too) give free drafts, and on the real pair the draft model's
+# passes and its read of each prompt cost more than its extra accepted tokens win back (JSON extraction
+# and tool calls through the server, benchmarks/structured_pair/). `lookup=off` keeps the draft model.
+CONSTRAINED_LOOKUP_ONLY = True
 
 
 class HybridProposer(Proposer):
@@ -38,7 +43,8 @@ class HybridProposer(Proposer):
     proposal always runs the draft over the prompt, even when lookup drafts: the engine's controller
     counts a sequence's first proposal as prefill, not as drafting cost. Where that pass would not pay
     back (drop_catch_up: a long prompt and few tokens wanted, see speclm/engine/speculation.py), the
-    draft model never reads the prompt and lookup drafts alone.
+    draft model never reads the prompt and lookup drafts alone; a constrained request's always does
+    (CONSTRAINED_LOOKUP_ONLY).
 
     Every proposal is a valid draft for the step whichever source made it, and the choice depends on
     earlier steps only, so the verifier keeps the output exact (greedy output equals plain decoding's).
@@ -90,6 +96,8 @@ class HybridProposer(Proposer):
         self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Proposal:
         self._pending = None
+        if CONSTRAINED_LOOKUP_ONLY and params.constraint is not None:
+            return Proposal(find_match(context, k, lookup_min_n(self.min_n, params), self.max_n)[0])
         t0 = time.perf_counter()
         tokens, n = find_match(context, k, self.min_n, self.max_n)
         catch_up = not self.prefilled

@@ -72,14 +72,15 @@ def test_constrained_ar_outputs_are_valid(stories_reference):
     assert any(o.finish_reason == "stop" for outs in stories_reference.values() for o in outs)
 
 
-@pytest.mark.parametrize("method", ["ngram", "lookahead", "draft", "draft-tree", "layerskip:2"])
+@pytest.mark.parametrize("method", ["ngram", "lookahead", "hybrid", "draft", "draft-tree", "layerskip:2"])
 @pytest.mark.parametrize("k", [1, 3, 6])
 def test_constrained_speculative_greedy_equals_constrained_ar(
     stories_llm, stories_reference, perturbed_stories_dir, method, k
 ):
     spec = {
-        "draft": f"draft:{perturbed_stories_dir}",
-        "draft-tree": f"draft:{perturbed_stories_dir},branch=0.6",
+        "hybrid": f"draft:{perturbed_stories_dir}",  # under a grammar: lookup alone (CONSTRAINED_LOOKUP_ONLY)
+        "draft": f"draft:{perturbed_stories_dir},lookup=off",
+        "draft-tree": f"draft:{perturbed_stories_dir},branch=0.6,lookup=off",
     }.get(method, method)
     llm = stories_llm.with_spec(spec, num_speculative_tokens=k, adaptive=False)
     drafted = 0
@@ -132,7 +133,8 @@ def test_draft_trees_are_masked_per_node(stories_llm, perturbed_stories_dir, mon
     monkeypatch.setattr(Speculation, "_constrained", checked)
     # only the proposer's own tree counts: no cut may hide an invalid node
     monkeypatch.setattr(GrammarMatcher, "valid_nodes", lambda self, tree, tokens: list(range(len(tokens))))
-    llm = stories_llm.with_spec(f"draft:{perturbed_stories_dir},branch=0.9", num_speculative_tokens=6, adaptive=False)
+    spec = f"draft:{perturbed_stories_dir},branch=0.9,lookup=off"
+    llm = stories_llm.with_spec(spec, num_speculative_tokens=6, adaptive=False)
     for kind, value in CONSTRAINTS.values():
         params = SamplingParams(max_tokens=48, constraint=compile_constraint(kind, value, "c"))
         for prompt in STORY_PROMPTS:
@@ -152,7 +154,7 @@ def test_default_model_json_schema_is_valid_and_exact(default_llm, spec):
     jsonschema.validate(json.loads(reference.text), SCHEMA)
     if spec is not None:
         llm = default_llm.with_spec(
-            f"draft:{default_llm.model_path}" if spec == "draft-self" else spec,
+            f"draft:{default_llm.model_path},lookup=off" if spec == "draft-self" else spec,
             num_speculative_tokens=4,
             adaptive=False,
         )
@@ -205,7 +207,8 @@ def test_constrained_sampling_follows_the_masked_target(stories_llm, perturbed_s
     (passes), and against the unmasked one (the negative control: fails)."""
     constraint = compile_constraint("regex", "[a-z ]+", "c")
     params = SamplingParams(temperature=1.0, top_k=4, max_tokens=2, ignore_eos=True, constraint=constraint)
-    llm = stories_llm if spec is None else stories_llm.with_spec(f"draft:{perturbed_stories_dir}", 2, adaptive=False)
+    draft = f"draft:{perturbed_stories_dir},lookup=off"  # the draft model's masked draws
+    llm = stories_llm if spec is None else stories_llm.with_spec(draft, 2, adaptive=False)
     prompt_ids = stories_llm.encode("Once upon a time")
     exact = _exact_masked_pairs(stories_llm, prompt_ids, params, constraint)
     wrong = _exact_masked_pairs(stories_llm, prompt_ids, params, constraint, masked=False)
@@ -229,7 +232,7 @@ def test_logprobs_are_the_same_with_and_without_speculation(stories_llm, perturb
     for lp, token in zip(reference.logprobs, reference.token_ids):
         assert lp.token == token and lp.top[0][0] == token  # greedy: the chosen token is the most likely
         assert lp.logprob <= 0 and len(lp.top) <= 5
-    for spec in ["ngram", f"draft:{perturbed_stories_dir}", "lookahead"]:
+    for spec in ["ngram", f"draft:{perturbed_stories_dir},lookup=off", "lookahead"]:
         out = stories_llm.with_spec(spec, num_speculative_tokens=4, adaptive=False).generate(
             "Once upon a time", params
         )[0]

@@ -106,3 +106,24 @@ def test_a_windowed_draft_is_its_rows_and_the_memo_keeps_it_so(stories_llm, pert
     plain.start(view, 128)
     plain._positions = lambda start, count: positions[start : start + count]
     assert plain.propose(view, 3, GREEDY, None).tokens == drafts
+
+
+def test_a_constrained_request_drafts_by_lookup_alone(stories_llm, perturbed_stories_dir, monkeypatch):
+    """Under a grammar the hybrid never runs its draft model (not even over the prompt): its drafts are
+    lookups, single-token matches included, and its greedy output is constrained AR's."""
+    from speclm.structured.grammar import compile_constraint
+
+    fed = []
+    monkeypatch.setattr(DraftModelProposer, "_feed", lambda self, tokens: fed.append(tokens))
+    params = SamplingParams(max_tokens=48, constraint=compile_constraint("regex", "(Tom had a red ball\\. )+", "c"))
+    ids = stories_llm.tokenizer.encode(REPEATING)
+    expected = stories_llm.generate(ids, params)[0]
+    out = draft_llm(stories_llm, perturbed_stories_dir).generate(ids, params)[0]
+    assert out.token_ids == expected.token_ids
+    assert fed == [] and out.stats.drafted_tokens > 0 and out.stats.accepted_tokens > 0
+    proposer = draft_llm(stories_llm, perturbed_stories_dir).proposers(
+        SpecConfig.parse(f"draft:{perturbed_stories_dir}")
+    )
+    proposer.start([1, 2, 9, 3, 2], 64)  # only the last token, 2, occurs earlier
+    assert proposer.propose([1, 2, 9, 3, 2], 2, params, None).tokens == [9, 3]
+    assert fed == []
