@@ -11,7 +11,7 @@ import torch
 from speclm.sampling_params import SamplingParams
 from speclm.speculative.controller import SpeculationController
 from speclm.speculative.draft_model import DraftModelProposer
-from speclm.speculative.ngram import find_match, lookup_min_n
+from speclm.speculative.ngram import find_continuation, find_match, lookup_min_n
 from speclm.speculative.proposer import Proposal, Proposer
 
 LOOKUP = "lookup"
@@ -97,7 +97,7 @@ class HybridProposer(Proposer):
     ) -> Proposal:
         self._pending = None
         if CONSTRAINED_LOOKUP_ONLY and params.constraint is not None:
-            return Proposal(find_match(context, k, lookup_min_n(self.min_n, params), self.max_n)[0])
+            return Proposal(find_continuation(context, k, lookup_min_n(self.min_n, params), self.max_n))
         t0 = time.perf_counter()
         tokens, n = find_match(context, k, self.min_n, self.max_n)
         catch_up = not self.prefilled
