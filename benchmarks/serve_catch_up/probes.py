@@ -14,7 +14,6 @@ Each writes probes_NAME.json and probes_NAME.md (the machine named).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -105,6 +104,7 @@ def main() -> int:
     args = p.parse_args()
     from speclm import LLM
     from speclm.bench.machine import machine_info
+    from speclm.bench.report import write_report
 
     command = "python benchmarks/serve_catch_up/probes.py " + " ".join(sys.argv[1:])
     machine = machine_info()
@@ -112,12 +112,8 @@ def main() -> int:
              f"Machine: {machine['cpu']}, 2 threads; the real pair.", ""]  # fmt: skip
     llm = LLM(TARGET, threads=2)
     result = (qa if args.probe == "qa" else concurrency4)(llm, lines)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"probes_{args.probe}.json"), "w") as f:
-        json.dump({"command": command, "machine": machine, **result}, f, indent=1)
-    with open(os.path.join(args.out, f"probes_{args.probe}.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    payload = {"command": command, "machine": machine, **result}
+    write_report(args.out, f"probes_{args.probe}", payload, "\n".join(lines) + "\n")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Where a speculative step's time goes on the real pair, and the ceiling that sets (issue 35's code target).
+"""Where a speculative step's time goes on the real pair (issue 35's code target).
 
 One process, in one run: (1) the target's pass over r new rows (r = 1..8, native layers, logits for every
 row as verification computes them) after `--context` cached tokens; (2) the target's largest linear layers
@@ -14,10 +14,8 @@ Decode figures count the requests' time after their first token.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
-import statistics
 import sys
 import time
 
@@ -25,24 +23,15 @@ import torch
 
 from speclm.bench.machine import machine_info
 from speclm.bench.report import header_lines, write_report
-from speclm.models.attention import BatchEntry
+from speclm.bench.tree_cost import measure_tree_cost
+from speclm.data import load_prompts
 
 
 def pass_times(runner, rows: list[int], context: int, rounds: int) -> dict[int, float]:
-    """Median seconds of a target pass over r new rows after `context` cached tokens, the row counts
-    interleaved round by round (so drift hits them alike)."""
-    cache = runner.new_paged_cache(-(-(context + max(rows) + 2) // 16), 16)
-    prompt = [(7 * i + 3) % 30000 for i in range(context + max(rows))]
-    runner.forward_batch(cache, [BatchEntry(prompt[:context], 0, list(range(context)), 0)])
-    times: dict[int, list[float]] = {r: [] for r in rows}
-    for round_ in range(rounds + 1):
-        for r in rows:
-            t0 = time.perf_counter()
-            entry = BatchEntry(prompt[context : context + r], context, list(range(context + r)), r)
-            runner.forward_batch(cache, [entry])
-            if round_:
-                times[r].append(time.perf_counter() - t0)
-    return {r: statistics.median(t) for r, t in times.items()}
+    """Median seconds of a target pass over r new rows (r = 1 and the chains of `speclm bench tree`, which
+    times the variants round-robin so drift hits them alike) after `context` cached tokens."""
+    records = measure_tree_cost(runner, [r - 1 for r in rows if r > 1], context, rounds)
+    return {1: records[0]["one_median_s"]} | {r["nodes"] + 1: r["chain_median_s"] for r in records}
 
 
 def linear_times(model, rows: list[int], rounds: int) -> dict[str, dict[int, float]]:
@@ -69,19 +58,7 @@ def linear_times(model, rows: list[int], rounds: int) -> dict[str, dict[int, flo
     return out
 
 
-def load_prompts(paths: list[str], categories: list[str], per_category: int) -> list[tuple[str, str]]:
-    prompts: list[tuple[str, str]] = []
-    for path in paths:
-        with open(path) as f:
-            for line in f:
-                record = json.loads(line)
-                category = record["category"]
-                if category in categories and sum(c == category for c, _ in prompts) < per_category:
-                    prompts.append((category, record["turns"][0]))
-    return prompts
-
-
-def pair_runs(llms: dict, prompts: list[tuple[str, str]], max_tokens: int) -> dict[str, list[dict]]:
+def pair_runs(llms: dict, prompts: list[dict], max_tokens: int) -> dict[str, list[dict]]:
     """Each prompt through every mode (in turn, prompt by prompt); per request its statistics."""
     from speclm.sampling_params import SamplingParams
 
@@ -89,9 +66,10 @@ def pair_runs(llms: dict, prompts: list[tuple[str, str]], max_tokens: int) -> di
     for llm in llms.values():  # warm: the draft's memo of the system prompt, the kernels' first calls
         llm.chat([{"role": "user", "content": "Say hi."}], SamplingParams(max_tokens=8, temperature=0.0))
     runs: dict[str, list[dict]] = {mode: [] for mode in llms}
-    for category, prompt in prompts:
+    for prompt in prompts:
+        category = prompt["category"]
         for mode, llm in llms.items():
-            s = llm.chat([{"role": "user", "content": prompt}], params).stats
+            s = llm.chat([{"role": "user", "content": prompt["text"]}], params).stats
             runs[mode].append(
                 {
                     "category": category,
@@ -191,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = list(range(1, 9))
     passes = pass_times(llm.runner, rows, args.context, args.rounds)
     linear = linear_times(llm.model, rows, 5)
-    prompts = load_prompts(args.prompts.split(","), args.categories.split(","), args.per_category)
+    prompts = load_prompts(args.prompts, args.per_category, args.categories.split(","))
     llms = {
         "plain": llm,
         "draft model (lookup=off)": llm.with_spec(f"draft:{args.draft},lookup=off"),
@@ -206,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         "context": args.context,
         "rounds": args.rounds,
         "max_tokens": args.max_tokens,
-        "prompts": [c for c, _ in prompts],
+        "prompts": [p["category"] for p in prompts],
         "passes": {str(r): s for r, s in passes.items()},
         "linear_rows": rows,
         "linear": {name: {str(r): s for r, s in t.items()} for name, t in linear.items()},
