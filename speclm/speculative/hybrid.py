@@ -97,6 +97,7 @@ class HybridProposer(Proposer):
     ) -> Proposal:
         self._pending = None
         if CONSTRAINED_LOOKUP_ONLY and params.constraint is not None:
+            self.lookup_only = True  # (a request's constraint lasts: catch_up_seconds need not price the draft)
             return Proposal(find_continuation(context, k, lookup_min_n(self.min_n, params), self.max_n))
         t0 = time.perf_counter()
         tokens, n = find_match(context, k, self.min_n, self.max_n)
