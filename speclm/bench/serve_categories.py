@@ -1,14 +1,20 @@
 """`speclm bench serve`'s per-category rows: each mode's tokens/s on each prompt category, and the ratios
 that speclm's targets name (speculation over plain decoding through the same server, each speclm mode
-over llama-server's plain decoding, the server over the in-process engine)."""
+over llama-server's plain decoding, the server over the in-process engine). Two summary rows: overall
+(all generated tokens over all the requests' time, so long requests weigh more) and the median over
+requests (of each mode's per-request tokens/s, and of each ratio taken request by request)."""
 
 from __future__ import annotations
+
+import statistics
 
 from speclm.bench.report import short_label
 
 PLAIN = "no speculation"  # speclm's plain decoding, the label run_serve gives method "ar"
 PEER_PLAIN = "llama-server"  # llama-server's plain decoding (speclm/bench/llama_server.py)
 OVERALL = "overall"
+MEDIAN = "median of requests"
+SUMMARIES = (OVERALL, MEDIAN)  # the rows after the categories, in this order
 
 
 def _rate(rows: list[tuple[int, float]]) -> float:
@@ -28,21 +34,47 @@ def _by_category(row: dict, categories: list[str]) -> dict[str, float]:
     return rates
 
 
+def _per_request(row: dict) -> list[float]:
+    return [_rate([pair]) for pair in zip(row["request_tokens"], row["request_seconds"])]
+
+
 def category_results(results: dict, inprocess: dict, categories: list[str], speclm_modes: list[str]) -> dict:
     """{concurrency: {category: {"tokens_per_s": {mode: rate}, "ratios": {name: ratio}}}}; in-process runs
     appear at concurrency 1 as "in-process MODE". `speclm_modes`: the labels of speclm's own methods."""
     runs = [(mode, level["concurrency"], level) for mode, levels in results.items() for level in levels]
     runs += [(f"in-process {mode}", 1, row) for mode, row in inprocess.items()]
     table: dict[int, dict[str, dict]] = {}
+    requests: dict[int, dict[str, list[float]]] = {}  # per-request rates, for the median row
     for mode, concurrency, row in runs:
         for category, rate in _by_category(row, categories).items():
             cell = table.setdefault(concurrency, {}).setdefault(category, {"tokens_per_s": {}})
             cell["tokens_per_s"][mode] = rate
-    for cells in table.values():
+        requests.setdefault(concurrency, {})[mode] = _per_request(row)
+    for concurrency, cells in table.items():
         for cell in cells.values():
             cell["ratios"] = _ratios(cell["tokens_per_s"], speclm_modes)
-    order = lambda kv: (kv[0] == OVERALL, kv[0])  # noqa: E731  categories alphabetically, overall last
-    return {c: dict(sorted(cells.items(), key=order)) for c, cells in sorted(table.items())}
+        cells[MEDIAN] = _median_cell(requests[concurrency], speclm_modes)
+    return {c: dict(sorted(cells.items(), key=_row_order)) for c, cells in sorted(table.items())}
+
+
+def _row_order(cell: tuple[str, dict]) -> tuple[int, str]:
+    """Categories alphabetically, then the summary rows."""
+    name = cell[0]
+    return (SUMMARIES.index(name) + 1, "") if name in SUMMARIES else (0, name)
+
+
+def _median_cell(requests: dict[str, list[float]], speclm_modes: list[str]) -> dict:
+    """The median row: each mode's median per-request tokens/s, and each ratio's median over the requests
+    that both modes ran (request i of one mode asked what request i of the other did)."""
+    ratios: dict[str, list[float]] = {}
+    for i in range(max(map(len, requests.values()), default=0)):
+        rates = {mode: rs[i] for mode, rs in requests.items() if i < len(rs)}
+        for name, ratio in _ratios(rates, speclm_modes).items():
+            ratios.setdefault(name, []).append(ratio)
+    return {
+        "tokens_per_s": {mode: statistics.median(rs) for mode, rs in requests.items() if rs},
+        "ratios": {name: statistics.median(rs) for name, rs in ratios.items()},
+    }
 
 
 def _ratios(rates: dict[str, float], speclm_modes: list[str]) -> dict[str, float]:
@@ -119,7 +151,8 @@ def category_markdown(table: dict) -> list[str]:
         "",
         "tokens/s here are each category's generated tokens over its requests' own time (request sent to last "
         "chunk): at concurrency 1 the throughput, above it the speed each client sees. Ratios are between "
-        "modes of the same run on the same requests.",
+        "modes of the same run on the same requests. overall: all the tokens over all the time; median of "
+        "requests: the median request's tokens/s, and the median of the ratios taken request by request.",
     ]
     for concurrency, cells in table.items():
         modes = list(dict.fromkeys(m for cell in cells.values() for m in cell["tokens_per_s"]))
@@ -128,12 +161,17 @@ def category_markdown(table: dict) -> list[str]:
             "",
             f"### Concurrency {concurrency}",
             "",
-            "| " + " | ".join(["category", *map(short_label, modes), *map(short_label, names)]) + " |",
+            "| " + " | ".join(["category", *map(short_label, modes), *map(_ratio_label, names)]) + " |",
             "|---|" + "---:|" * (len(modes) + len(names)),
         ]
         for category, cell in cells.items():
             rates = [f"{cell['tokens_per_s'][m]:.1f}" if m in cell["tokens_per_s"] else "-" for m in modes]
             ratios = [f"{cell['ratios'][n]:.2f}x" if n in cell["ratios"] else "-" for n in names]
-            name = f"**{category}**" if category == OVERALL else category
+            name = f"**{category}**" if category in SUMMARIES else category
             lines.append(f"| {name} | " + " | ".join(rates + ratios) + " |")
     return lines
+
+
+def _ratio_label(name: str) -> str:
+    """A ratio's column name with each side's paths cut (short_label alone would cut across the " / ")."""
+    return " / ".join(short_label(side) for side in name.split(" / "))
