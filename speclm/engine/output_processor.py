@@ -91,8 +91,10 @@ class OutputProcessor:
         state.forks = []
         if k == 0:
             decoding = chunk.num_tokens == 1  # the pending token alone, not the end of a prompt
-            if state.speculation is not None and decoding:
-                state.speculation.record_plain_step(seconds_per_row)
+            if decoding:
+                state.stats.target_seconds += seconds_per_row
+                if state.speculation is not None:
+                    state.speculation.record_plain_step(seconds_per_row)
             _hand_features(state, chunk.start, features)
             token = self.draw(state, rows)
             return outputs + [self._commit(state, [token], decoding=decoding, logprobs=_logprobs(state, rows, [token]))]

@@ -23,7 +23,7 @@ class GenerationStats:
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     proposer_seconds: float = 0.0
-    target_seconds: float = 0.0
+    target_seconds: float = 0.0  # its decoding passes' time (its share of each batch's): plain steps and verifications
     forced_tokens: int = 0  # committed tokens its grammar forced (proposed as free drafts)
     grammar_seconds: float = 0.0  # its grammar's work (GrammarMatcher.seconds); 0 without a constraint
 
