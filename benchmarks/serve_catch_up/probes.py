@@ -77,10 +77,10 @@ def concurrency4(llm, lines: list[str]) -> dict:
     runs = []
     for name, served in [("plain", llm), ("draft", draft)] * 2:
 
-        def job(url):
-            run_levels(url, prompts, [(1, len(prompts))], 2)  # the prompts into the prefix cache
+        def job(url, name=name):
+            run_levels({name: url}, prompts, [(1, len(prompts))], 2)  # the prompts into the prefix cache
             events.append(["concurrency 4 starts", round(time.perf_counter() - t0, 2)])
-            rows = run_levels(url, prompts, [(4, len(prompts))], 256)
+            rows = run_levels({name: url}, prompts, [(4, len(prompts))], 256)[name]
             metrics = urllib.request.urlopen(url + "/metrics").read().decode()
             keep = ("speclm_spec_drafted_tokens_total", "speclm_spec_accepted_tokens_total", "speclm_decode_")
             return rows[0], [m for m in metrics.splitlines() if m.startswith(keep) and "_created" not in m]

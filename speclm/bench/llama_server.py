@@ -6,19 +6,11 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
-import tempfile
-import time
-from contextlib import contextmanager
+
+from speclm.bench.server_process import server_process
 
 PEER = "llama-server"  # plain; "llama-server:draft" adds -md DRAFT (draft-simple), ":TYPE" --spec-type TYPE
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LlamaServerPeer:
@@ -60,41 +52,6 @@ class LlamaServerPeer:
             cmd += ["--spec-type", self.kind]
         return cmd
 
-    @contextmanager
-    def serving(self, slots: int, context: int, timeout: float = 600.0):
-        """Start the server with `slots` slots of `context` tokens, yield its URL once /health answers 200,
-        and stop it."""
-        import httpx
-
-        port = _free_port()
-        with tempfile.TemporaryFile("w+") as log:
-            proc = subprocess.Popen(self.command(port, slots, context), stdout=log, stderr=subprocess.STDOUT)
-            try:
-                url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout
-                while True:
-                    if proc.poll() is not None:
-                        log.seek(0)
-                        raise RuntimeError(f"{self.name} exited ({proc.returncode}): {log.read()[-800:]}")
-                    try:
-                        if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"{self.name} did not answer /health within {timeout:g} s")
-                    time.sleep(0.2)
-                try:
-                    yield url
-                except RuntimeError as e:  # a client failed: say what the server said (a crash, a refused request)
-                    log.seek(0)
-                    exited = proc.poll()
-                    raise RuntimeError(
-                        f"{e} (llama-server exit status {exited}; its log ends: {log.read()[-1500:]})"
-                    ) from e
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+    def serving(self, slots: int, context: int):
+        """A context manager: the server with `slots` slots of `context` tokens, yielding its URL."""
+        return server_process(self.name, lambda port: self.command(port, slots, context))

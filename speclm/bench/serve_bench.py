@@ -1,11 +1,10 @@
 """`speclm bench serve`: end-to-end serving throughput and latency at several concurrency levels.
 
-A real server runs in this process (speclm/server/launch.py: the engine on the thread that loaded the
-model, as `speclm serve` runs it; uvicorn on 127.0.0.1, a free port), or a peer's server in its own
-process; C streaming HTTP clients (in a process of their own, serve_client.py) each send requests back to
-back until the level's requests are done.
-Every request generates max_tokens tokens (ignore_eos; the server's usage counts them), so throughput
-is tokens / wall time.
+Every server runs in a process of its own (`speclm serve` per decoding method, speclm/bench/speclm_server.py;
+a peer's, speclm/bench/llama_server.py), all of them up at once during a level; streaming HTTP clients (in
+a process of their own, serve_client.py) send the level's requests in rounds of C at once, each round to
+every server in turn. Every request generates max_tokens tokens (ignore_eos; the server's usage counts
+them), so throughput is tokens / the server's time in its rounds.
 """
 
 from __future__ import annotations
@@ -44,18 +43,22 @@ def serve_in_thread(app):
         thread.join(60)
 
 
-def run_levels(url: str, prompts: list[list[int]], levels: list[tuple[int, int]], max_tokens: int) -> list[dict]:
-    """Run each (concurrency, requests) level against `url` in turn after a short warm-up request, with the
-    clients in a process of their own (speclm/bench/serve_client.py), as an application's are: in this
-    process they would take the GIL from speclm's server and, unlike with a peer's server, slow it."""
-    job = {"url": url, "prompts": prompts, "levels": levels, "max_tokens": max_tokens}
+def run_levels(
+    servers: dict[str, str], prompts: list[list[int]], levels: list[tuple[int, int]], max_tokens: int
+) -> dict[str, list[dict]]:
+    """Run each (concurrency, requests) level against the servers ({label: URL}, interleaved request by
+    request) after a short warm-up request to each; {label: a row per level}. The clients run in a process of
+    their own (speclm/bench/serve_client.py), as an application's do: in a server's process they would take
+    its GIL."""
+    job = {"servers": list(servers.items()), "prompts": prompts, "levels": levels, "max_tokens": max_tokens}
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, serve_client.__file__], input=json.dumps(job), capture_output=True, text=True, env=env
     )
     if done.returncode != 0:
         raise RuntimeError(f"the benchmark client failed: {done.stderr.strip()[-1500:]}")
-    return json.loads(done.stdout)
+    rows = json.loads(done.stdout)  # a {label: row} per level
+    return {label: [level[label] for level in rows] for label in servers}
 
 
 def markdown(results: dict, title: str, command: str, machine: dict, note: str) -> str:

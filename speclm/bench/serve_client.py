@@ -1,6 +1,9 @@
 """`speclm bench serve`'s HTTP clients, run as a program of their own (serve_bench.run_levels): a JSON job on
-stdin ({"url", "prompts" as token ids, "levels" as [concurrency, requests] pairs, "max_tokens"}), one result
-per level on stdout. It imports nothing from speclm (running it loads no torch)."""
+stdin ({"servers" as [label, url] pairs, "prompts" as token ids, "levels" as [concurrency, requests] pairs,
+"max_tokens"}), per level one result per server on stdout. Requests go in rounds of `concurrency` at once,
+and each round visits every server in turn (the order rotating from round to round): the servers are
+compared request by request at the same moment, so the machine's drift between minutes does not land on
+one server's rows. It imports nothing from speclm (running it loads no torch)."""
 
 from __future__ import annotations
 
@@ -57,33 +60,43 @@ async def _one_request(client, url: str, prompt_ids: list[int], max_tokens: int)
     }
 
 
-async def run_level(url: str, prompts: list[list[int]], concurrency: int, num_requests: int, max_tokens: int) -> dict:
-    """Send num_requests requests with `concurrency` clients; return throughput and latency percentiles."""
+async def run_level(
+    servers: list[tuple[str, str]], prompts: list[list[int]], concurrency: int, num_requests: int, max_tokens: int
+) -> dict[str, dict]:
+    """Send num_requests requests to each server, `concurrency` at once (round r: requests r*C .. r*C+C-1,
+    the servers one after another); {label: throughput and latency percentiles}."""
     import httpx
 
-    queue = list(range(num_requests))
-    results: dict[int, dict] = {}
-    prompt_tokens = sum(len(prompts[i % len(prompts)]) for i in queue)
-
-    async def worker(client) -> None:
-        while queue:
-            i = queue.pop(0)
-            results[i] = await _one_request(client, url, prompts[i % len(prompts)], max_tokens)
-
+    results: dict[str, dict[int, dict]] = {label: {} for label, _ in servers}
+    walls = dict.fromkeys(results, 0.0)
     # A fresh connection per request: llama-server (cpp-httplib) closes a kept-alive connection after a
     # few requests, and a client that reuses it then sees "Server disconnected without sending a response".
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
-        wall = time.perf_counter() - t0
-    results = [results[i] for i in range(num_requests)]
+        for r, first in enumerate(range(0, num_requests, concurrency)):
+            ids = range(first, min(num_requests, first + concurrency))
+            turn = r % len(servers)
+            for label, url in servers[turn:] + servers[:turn]:
+                t0 = time.perf_counter()
+                done = await asyncio.gather(
+                    *(_one_request(client, url, prompts[i % len(prompts)], max_tokens) for i in ids)
+                )
+                walls[label] += time.perf_counter() - t0
+                results[label].update(zip(ids, done))
+    prompt_tokens = sum(len(prompts[i % len(prompts)]) for i in range(num_requests))
+    return {
+        label: _summary([by_id[i] for i in range(num_requests)], walls[label], concurrency, prompt_tokens)
+        for label, by_id in results.items()
+    }
+
+
+def _summary(results: list[dict], wall: float, concurrency: int, prompt_tokens: int) -> dict:
     ttft = [r["ttft"] for r in results]
     itl = [x for r in results for x in r["itl"]]
     tokens = sum(r["tokens"] for r in results)
     return {
         "concurrency": concurrency,
-        "requests": num_requests,
+        "requests": len(results),
         "tokens": tokens,
         "seconds": wall,
         "tokens_per_s": tokens / wall,
@@ -102,9 +115,9 @@ async def run_level(url: str, prompts: list[list[int]], concurrency: int, num_re
 
 def main() -> None:
     job = json.load(sys.stdin)
-    url, prompts, max_tokens = job["url"], job["prompts"], job["max_tokens"]
-    asyncio.run(run_level(url, prompts, 1, 1, 4))  # warm-up
-    rows = [asyncio.run(run_level(url, prompts, c, n, max_tokens)) for c, n in job["levels"]]
+    servers, prompts, max_tokens = [tuple(s) for s in job["servers"]], job["prompts"], job["max_tokens"]
+    asyncio.run(run_level(servers, prompts, 1, 1, 4))  # warm-up
+    rows = [asyncio.run(run_level(servers, prompts, c, n, max_tokens)) for c, n in job["levels"]]
     json.dump(rows, sys.stdout)
 
 

@@ -24,8 +24,10 @@ def register(sub) -> None:
         description="Default mode (spec): run each method over the same prompts (interleaved per prompt), then "
         "print and write JSON + markdown + PNG with tokens/s, speedup over AR in the same run, tau (tokens per "
         "target pass), acceptance rate and per-position acceptance, per category and overall. "
-        "`speclm bench serve`: start the HTTP server in-process and measure throughput and TTFT / inter-token "
-        "latency p50/p99 at each --concurrency level (JSON + markdown, default name serve).",
+        "`speclm bench serve`: start a `speclm serve` process per method (and each --peers server) and measure "
+        "throughput and TTFT / inter-token latency p50/p99 at each --concurrency level, the servers up together "
+        "and the requests sent in rounds of C, each round to every server in turn (JSON + markdown, default "
+        "name serve).",
     )
     p.add_argument(
         "mode",

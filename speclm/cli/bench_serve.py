@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
@@ -20,10 +21,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from speclm.bench.report import output_paths, write_json
     from speclm.bench.serve_bench import inprocess_markdown, markdown, mismatches, run_levels, time_in_process
     from speclm.bench.serve_categories import anatomy, anatomy_markdown, category_markdown, category_results
+    from speclm.bench.speclm_server import SpeclmServer, serve_options
     from speclm.cli.serve import cache_config
-    from speclm.server.app import build_app
-    from speclm.server.config import ServerConfig
-    from speclm.server.launch import serve_while
 
     try:
         levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
@@ -49,41 +48,35 @@ def run_serve(args: argparse.Namespace) -> int:
     def num_requests(c: int) -> int:  # by default every prompt at least once per level (the per-category table)
         return args.requests or (len(prompts) if args.compare_inprocess else max(len(prompts), 2 * c))
 
-    def levels_at(url: str, label: str) -> list[dict]:
-        rows = run_levels(url, prompts, [(c, num_requests(c)) for c in levels], args.max_tokens)
-        for r in rows:
-            print(
-                f"{label}, concurrency {r['concurrency']}: {r['tokens_per_s']:.1f} tokens/s, "
-                f"TTFT p50 {r['ttft_p50']:.3f} s, ITL p50 {1000 * r['itl_p50']:.1f} ms",
-                file=sys.stderr,
-            )
-        return rows
-
-    results, inprocess, served_llms = {}, {}, {}
+    options = serve_options(args)
+    servers, inprocess, served_llms = [], {}, {}
     for method in methods:
-        served = llm if method == "ar" else llm.with_spec(method, args.k, not args.no_adaptive)
-        label = (
-            "no speculation" if method == "ar" else f"{method} (K={args.k}{'' if args.no_adaptive else ', adaptive'})"
-        )
-        served_llms[label] = served
+        spec = None if method == "ar" else method
+        label = "no speculation" if spec is None else f"{method} (K={args.k}{'' if args.no_adaptive else ', adaptive'})"
+        servers.append(SpeclmServer(label, options, spec, args.k, not args.no_adaptive))
         if args.compare_inprocess:  # on this thread, which loaded the model, as the server's engine runs
-            inprocess[label] = time_in_process(served, prompts, args.max_tokens)
-        # the engine loop on this thread, uvicorn on another (speclm/server/launch.py), the clients in a process
-        results[label] = serve_while(
-            build_app(served, config, ServerConfig(model_name="bench")), lambda url, label=label: levels_at(url, label)
-        )
-    for peer in peers:  # a server process per level, one slot per client
-        context = max(len(p) for p in prompts) + args.max_tokens + 16
-        rows = []
-        try:
-            for c in levels:
-                with peer.serving(c, context) as url:
-                    rows += run_levels(url, prompts, [(c, num_requests(c))], args.max_tokens)
-                print(f"{peer.name}, concurrency {c}: {rows[-1]['tokens_per_s']:.1f} tokens/s", file=sys.stderr)
-        except RuntimeError as e:  # the peer's failure is reported; speclm's rows stand
-            print(f"peer {peer.name} failed, left out: {e}", file=sys.stderr)
-            continue
-        results[peer.name] = rows
+            served_llms[label] = llm if spec is None else llm.with_spec(method, args.k, not args.no_adaptive)
+            inprocess[label] = time_in_process(served_llms[label], prompts, args.max_tokens)
+    context = max(len(p) for p in prompts) + args.max_tokens + 16
+    results: dict[str, list[dict]] = {}
+    for c in levels:  # every server up at once (a peer with one slot per client), the requests interleaved
+        with contextlib.ExitStack() as up:
+            urls = {server.name: up.enter_context(server.serving(c, context)) for server in servers}
+            for peer in list(peers):
+                try:
+                    urls[peer.name] = up.enter_context(peer.serving(c, context))
+                except RuntimeError as e:  # a peer that does not start is reported and left out; speclm's rows stand
+                    print(f"peer {peer.name} failed, left out: {e}", file=sys.stderr)
+                    results.pop(peer.name, None)
+                    peers.remove(peer)
+            for label, rows in run_levels(urls, prompts, [(c, num_requests(c))], args.max_tokens).items():
+                r = rows[0]
+                results.setdefault(label, []).append(r)
+                print(
+                    f"{label}, concurrency {c}: {r['tokens_per_s']:.1f} tokens/s, "
+                    f"TTFT p50 {r['ttft_p50']:.3f} s, ITL p50 {1000 * r['itl_p50']:.1f} ms",
+                    file=sys.stderr,
+                )
     reference = results.get("no speculation") or next(iter(results.values()))
     for rows in results.values():  # greedy text against speclm's AR (or the first method), request by request
         for r, ref in zip(rows, reference):
@@ -101,7 +94,7 @@ def run_serve(args: argparse.Namespace) -> int:
     for rows in [*results.values(), inprocess.values()]:
         for r in rows:
             r.pop("texts", None)
-    per_category = category_results(results, inprocess, categories, list(served_llms))
+    per_category = category_results(results, inprocess, categories, [server.name for server in servers])
     made_of = anatomy(inprocess, categories)
     machine = machine_info()
     command = (

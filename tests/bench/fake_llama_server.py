@@ -1,7 +1,9 @@
 """A stand-in for llama.cpp's llama-server (CI has no llama.cpp): /health and a streaming /v1/completions
-that answers max_tokens tokens of "a"; `--help` lists two n-gram speculation types."""
+that answers max_tokens tokens of "a"; `--help` lists two n-gram speculation types. With $FAKE_LLAMA_LOG
+set, each request appends a line to that file: its port, prompt length and max_tokens."""
 
 import json
+import os
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -26,6 +28,9 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         n = body["max_tokens"]
+        if os.environ.get("FAKE_LLAMA_LOG"):
+            with open(os.environ["FAKE_LLAMA_LOG"], "a") as log:
+                log.write(f"{port} {len(body['prompt'])} {n}\n")
         for _ in range(n):
             self.wfile.write(b'data: {"choices": [{"text": "a"}]}\n\n')
         usage = {"choices": [], "usage": {"completion_tokens": n}}

@@ -36,6 +36,31 @@ def test_peer_names_and_command(fake_bin):
         LlamaServerPeer("llama-server", None, "m.gguf", 2)
 
 
+def test_requests_are_interleaved_across_servers(fake_bin, tmp_path, monkeypatch):
+    """Each round of C requests visits every server, the first server rotating: at concurrency 1, A B, B A,
+    A B, ... after a warm-up round; at concurrency 2 both requests of a round reach a server together."""
+    from speclm.bench.serve_bench import run_levels
+
+    log = tmp_path / "requests.log"
+    monkeypatch.setenv("FAKE_LLAMA_LOG", str(log))
+    a, b = (
+        LlamaServerPeer("llama-server", fake_bin, "m.gguf", 1),
+        LlamaServerPeer("llama-server", fake_bin, "m.gguf", 1),
+    )
+    prompts = [[1], [1, 2], [1, 2, 3], [1, 2, 3, 4]]  # a request's prompt length names it
+    with a.serving(1, 64) as url_a, b.serving(1, 64) as url_b:
+        rows = run_levels({"A": url_a, "B": url_b}, prompts, [(1, 4), (2, 4)], 3)
+    names = {url_a.rsplit(":", 1)[1]: "A", url_b.rsplit(":", 1)[1]: "B"}
+    seen = [(names[port], int(length)) for port, length, n in (line.split() for line in log.read_text().splitlines())]
+    assert seen[:2] == [("A", 1), ("B", 1)]  # the warm-up
+    assert seen[2:10] == [("A", 1), ("B", 1), ("B", 2), ("A", 2), ("A", 3), ("B", 3), ("B", 4), ("A", 4)]
+    rounds = [sorted(seen[i : i + 2]) for i in range(10, 18, 2)]  # concurrency 2: a round's pair is concurrent
+    assert rounds == [[("A", 1), ("A", 2)], [("B", 1), ("B", 2)], [("B", 3), ("B", 4)], [("A", 3), ("A", 4)]]
+    for label in "AB":
+        assert [r["concurrency"] for r in rows[label]] == [1, 2]
+        assert all(r["request_tokens"] == [3, 3, 3, 3] and r["seconds"] > 0 for r in rows[label])
+
+
 def test_bench_serve_times_llama_server_peers_beside_speclm(tmp_path, fake_bin, capsys):
     args = ["bench", "serve", "--model", STORIES_MODEL, "--tokenizer", STORIES_TOKENIZER, "--threads", "1"]
     args += ["--no-chat", "--per-category", "1", "--categories", "writing,qa", "--concurrency", "1,2"]
@@ -60,7 +85,7 @@ def test_bench_serve_times_llama_server_peers_beside_speclm(tmp_path, fake_bin, 
     assert data["categories_of_prompts"] == ["writing", "qa"]
     ngram = "ngram (K=4, adaptive)"
     for c, cells in data["per_category"].items():
-        assert list(cells) == ["qa", "writing", "overall"]
+        assert list(cells) == ["qa", "writing", "overall", "median of requests"]
         level = next(r for r in results[ngram] if r["concurrency"] == int(c))
         qa = cells["qa"]
         assert qa["tokens_per_s"][ngram] == pytest.approx(level["request_tokens"][1] / level["request_seconds"][1])
@@ -78,6 +103,7 @@ def test_bench_serve_times_llama_server_peers_beside_speclm(tmp_path, fake_bin, 
     made_of = data["inprocess_anatomy"]
     plain = made_of["no speculation"]["overall"]
     assert plain["tau"] == 1.0 and plain["drafts_per_step"] == 0 and plain["proposer_ms_per_step"] == 0
+    assert plain["target_ms_per_step"] > 0 and plain["decode_tokens_per_s"] > 0  # plain steps are target time too
     stats = inproc["request_stats"]
     steps, tokens = sum(s["decode_steps"] for s in stats), sum(s["decode_tokens"] for s in stats)
     assert made_of[ngram]["overall"]["tau"] == pytest.approx(tokens / steps) and tokens == 2 * 5
