@@ -4,33 +4,14 @@ benchmark's model and cache options and one decoding method."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from speclm.bench.server_process import server_process
 
 
-def serve_options(args: argparse.Namespace) -> list[str]:
-    """The benchmark's model and cache options that are not at their defaults, as `speclm serve` arguments
-    (both commands declare them with the same functions)."""
-    from speclm.cli.common import add_model_args
-    from speclm.cli.serve import add_cache_args
-
-    declared = argparse.ArgumentParser(add_help=False)
-    add_model_args(declared)
-    add_cache_args(declared)
-    argv: list[str] = []
-    for action in declared._actions:
-        value = getattr(args, action.dest, action.default)
-        if not action.option_strings or value == action.default:
-            continue
-        flag = next(o for o in action.option_strings if o.startswith("--"))
-        argv += [flag] if action.nargs == 0 else [flag, str(value)]
-    return argv
-
-
 class SpeclmServer:
-    """`speclm serve` with `options` (serve_options) and `spec` (a --spec method; None: no speculation)."""
+    """`speclm serve` with `options` (its command-line options: model, threads, cache) and `spec` (a --spec
+    method; None: no speculation)."""
 
     def __init__(self, name: str, options: list[str], spec: str | None, k: int, adaptive: bool) -> None:
         self.name = name

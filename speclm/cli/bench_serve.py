@@ -8,7 +8,8 @@ import os
 import shlex
 import sys
 
-from speclm.cli.common import load_llm, split_methods
+from speclm.cli.common import add_model_args, load_llm, split_methods
+from speclm.cli.serve import add_cache_args
 
 NOTE = (
     "Absolute numbers depend on what else the machine runs (this tool does not check); ratios between "
@@ -21,7 +22,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from speclm.bench.report import output_paths, write_json
     from speclm.bench.serve_bench import inprocess_markdown, markdown, mismatches, run_levels, time_in_process
     from speclm.bench.serve_categories import anatomy, anatomy_markdown, category_markdown, category_results
-    from speclm.bench.speclm_server import SpeclmServer, serve_options
+    from speclm.bench.speclm_server import SpeclmServer
     from speclm.cli.serve import cache_config
 
     try:
@@ -131,6 +132,22 @@ def run_serve(args: argparse.Namespace) -> int:
     print(table)
     print(f"wrote {paths['json']}, {paths['md']}", file=sys.stderr)
     return 0
+
+
+def serve_options(args: argparse.Namespace) -> list[str]:
+    """The benchmark's model and cache options that are not at their defaults, as `speclm serve` arguments
+    (both commands declare them with the same functions)."""
+    declared = argparse.ArgumentParser(add_help=False)
+    add_model_args(declared)
+    add_cache_args(declared)
+    argv: list[str] = []
+    for action in declared._actions:
+        value = getattr(args, action.dest, action.default)
+        if not action.option_strings or value == action.default:
+            continue
+        flag = next(o for o in action.option_strings if o.startswith("--"))
+        argv += [flag] if action.nargs == 0 else [flag, str(value)]
+    return argv
 
 
 def serve_peers(args: argparse.Namespace, model_path: str, methods: list[str]) -> list:
