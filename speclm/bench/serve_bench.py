@@ -25,7 +25,7 @@ from speclm.bench.report import header_lines
 def serve_in_thread(app):
     """Run `app` with uvicorn on 127.0.0.1 (free port) in a thread; yield its base URL; always stop it.
     Its engine runs on a thread of its own, not the one that loaded the model: for functional checks
-    (fuzzing, invariance); timings go through speclm.server.launch.serve_while."""
+    (fuzzing, invariance); timings start `speclm serve` processes (speclm/bench/speclm_server.py)."""
     import uvicorn
 
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))

@@ -13,7 +13,7 @@ from speclm.cli.serve import add_cache_args
 
 NOTE = (
     "Absolute numbers depend on what else the machine runs (this tool does not check); ratios between "
-    "levels of the same run are the meaningful part."
+    "servers and levels of the same run are the meaningful part."
 )
 
 
