@@ -11,9 +11,11 @@ from speclm.kv.block_manager import BlockManager
 
 class Drafter:
     """Proposes drafts for the sequences whose next step runs their pending token alone (decoding, or a
-    new one-token prompt), unless the batch is big: with more than `spec_max_batch` such sequences the
-    weights are busy already and extra verification rows (and a draft model's passes, one sequence at a
-    time) stop paying."""
+    new one-token prompt), unless the batch is big: with more than `spec_max_batch` sequences in the step
+    (running, and waiting ones it may admit) the weights are busy already and extra verification rows (and
+    a draft model's passes, one sequence at a time) stop paying. A prompt waiting to be read counts: its
+    chunk takes the step's token budget before drafts do, so a lone decoding sequence's drafts would be
+    made and then not granted (on the real pair, a round of 4 requests lost ~2.5 s of draft passes so)."""
 
     def __init__(
         self,
@@ -29,10 +31,12 @@ class Drafter:
     def propose(self, failed: list[SequenceOutput]) -> dict[str, list[int]]:
         """seq_id -> its draft tokens (sequences with drafts only); a sequence whose proposer raised
         fails its request alone, with an output appended to `failed`."""
-        # the running sequences and the new ones whose prompt the prefix cache holds but for the last token
-        candidates = list(self.scheduler.running) + [s for s in self.scheduler.waiting if s.num_uncomputed == 1]
-        if len(candidates) > self.spec_max_batch:
+        running, waiting = self.scheduler.running, self.scheduler.waiting
+        admissible = min(len(waiting), max(0, self.scheduler.max_num_seqs - len(running)))
+        if len(running) + admissible > self.spec_max_batch:
             return {}
+        # the running sequences and the new ones whose prompt the prefix cache holds but for the last token
+        candidates = list(running) + [s for s in waiting if s.num_uncomputed == 1]
         drafts = {}
         for seq in candidates:
             state = self.table.get(seq.seq_id)

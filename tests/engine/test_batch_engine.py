@@ -169,6 +169,29 @@ def test_speculation_switches_off_in_big_batches(stories_llm):
     assert sum(drafted.values()) > 0 and mixed
 
 
+def test_a_waiting_prompt_stops_a_lone_sequence_drafting(stories_llm):
+    """A decoding sequence alone drafts; once a prompt waits to be read, the step is a batch of two (the
+    prompt's chunk would take the budget its drafts need), so it does not."""
+    from speclm.config import SpecConfig
+
+    engine = Engine(
+        stories_llm.runner,
+        stories_llm.tokenizer,
+        CacheConfig(max_num_batched_tokens=16),
+        SpecConfig.parse("ngram"),
+        stories_llm.proposers,
+        spec_max_batch=1,
+    )
+    repeated = stories_llm.tokenizer.encode("the cat sat on the mat. the cat sat on the mat. the cat sat on")
+    engine.add_request(Request("alone", repeated, SamplingParams(max_tokens=32, ignore_eos=True)))
+    while engine.scheduler.running[:1] == [] or engine.scheduler.running[0].num_uncomputed != 1:
+        engine.step()
+    assert list(engine.drafter.propose([])) == [engine.scheduler.running[0].seq_id]  # n-gram lookup drafts
+    long_prompt = stories_llm.tokenizer.encode("Once upon a time there was a little dog who liked to run. " * 3)
+    engine.add_request(Request("waiting", long_prompt, SamplingParams(max_tokens=4)))
+    assert engine.drafter.propose([]) == {}
+
+
 def test_sampled_speculation_in_batch_is_reproducible_with_fixed_k(stories_llm):
     # (adaptive K depends on measured timings, so only a fixed K makes the random draws repeatable)
     from speclm.config import SpecConfig
