@@ -146,6 +146,23 @@ class DraftModelProposer(Proposer):
         self.catch_up_rate = CatchUpRate()  # shared with every copy: the same model on the same machine
         self.unremembered: list[int] | None = None  # this sequence's prompt (its view) until the memo holds it
 
+    def calibrate(self) -> None:
+        """Seed the catch-up rate with a timed read of CatchUpRate.MIN_TOKENS tokens (the second of two: the
+        first pays one-time costs). Unseeded, a draft's first long read would be made unpriced: on the real
+        pair, ~2.5 s over the context of the last sequence of a batch, for one drafted token. CPU only (a
+        GPU's passes are not timed by the clock alone); the rate decays toward the measured catch-ups."""
+        if self.model.device.type != "cpu":
+            return
+        n = CatchUpRate.MIN_TOKENS
+        tokens, positions = torch.zeros(n, dtype=torch.long), torch.arange(n)
+        for _ in range(2):
+            cache = self.model.new_cache(n, self.num_layers)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                self.model(tokens, positions, cache, AttentionMetadata(0, n), num_layers=self.num_layers)
+            seconds = time.perf_counter() - t0
+        self.catch_up_rate.record(n, seconds)
+
     def fresh(self) -> DraftModelProposer:
         """Another sequence's proposer on the same draft model and output head, with its own cache."""
         other = copy.copy(self)

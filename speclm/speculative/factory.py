@@ -104,8 +104,11 @@ def build_draft_proposer(
     del checkpoint
     window = {"window": options["window"], "sinks": options["sinks"]}
     if options["branch"]:
-        return DraftTreeProposer(draft, options["branch"], name=spec.label, token_map=token_map, **window)
-    return DraftModelProposer(draft, name=spec.label, token_map=token_map, **window)
+        proposer = DraftTreeProposer(draft, options["branch"], name=spec.label, token_map=token_map, **window)
+    else:
+        proposer = DraftModelProposer(draft, name=spec.label, token_map=token_map, **window)
+    proposer.calibrate()
+    return proposer
 
 
 def frequent_tokens(count: int, vocab_size: int, always: list[int]) -> torch.Tensor:

@@ -34,6 +34,16 @@ def test_catch_up_rate_counts_long_catch_ups_only():
     assert rate.seconds(200) == pytest.approx(1.0)
 
 
+def test_a_loaded_draft_prices_its_first_catch_up(stories_llm, perturbed_stories_dir):
+    """The factory seeds the rate with a timed read at load, so the first long prompt is priced, not read
+    unmeasured (an unseeded rate prices every catch-up at 0 s)."""
+    _, hybrid, _ = engine_and_proposer(stories_llm, perturbed_stories_dir)
+    assert hybrid.draft.catch_up_rate.seconds_per_token > 0
+    fresh = hybrid.draft.fresh()
+    fresh.start(long_prompt(stories_llm, OTHER, 300), 512)
+    assert fresh.catch_up_seconds(long_prompt(stories_llm, OTHER, 300)) > 0
+
+
 def test_a_request_measures_the_draft_catch_up_and_the_target_pass(stories_llm, perturbed_stories_dir):
     llm, hybrid, engine = engine_and_proposer(stories_llm, perturbed_stories_dir)
     prompt = long_prompt(llm, STORY, 200)
