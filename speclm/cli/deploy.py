@@ -65,7 +65,7 @@ def register(sub) -> None:
         "--spec-max-batch",
         type=int,
         default=8,
-        help="a target replica proposes only in steps with at most this many running sequences (default 8)",
+        help="a target replica proposes only in steps with at most this many sequences, running or waiting (default 8)",
     )
     g.add_argument(
         "--ray-address",

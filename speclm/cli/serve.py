@@ -146,8 +146,9 @@ def register(sub) -> None:
         "--spec-max-batch",
         type=int,
         default=None,
-        help="propose drafts only in steps with at most this many running sequences (default: 1 for draft: "
-        "on a CPU, where a draft model's per-sequence passes stop paying in a batch; 8 otherwise)",
+        help="propose drafts only in steps with at most this many sequences, running or waiting to be admitted "
+        "(default: 1 for draft: on a CPU, where a draft model's per-sequence passes stop paying in a batch; "
+        "8 otherwise)",
     )
     add_cache_args(p)
     p.set_defaults(run=run)

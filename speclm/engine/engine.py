@@ -43,7 +43,8 @@ class Engine:
 
     Speculative decoding runs inside the batch: with `spec`, each sequence has its own proposer (from
     `make_proposer`) and adaptive K, its drafts are verified in the same forward as the other
-    sequences' tokens, and a step with more than `spec_max_batch` running sequences skips proposing
+    sequences' tokens, and a step with more than `spec_max_batch` sequences (running, or waiting to be
+    admitted) skips proposing
     (a big batch already keeps the weights busy; extra verification rows stop paying); None takes the
     method's default (SpecConfig.default_max_batch: a draft model on a CPU drafts for one sequence only).
 
