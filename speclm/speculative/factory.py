@@ -56,7 +56,9 @@ class ProposerFactory:
             n, layers = int(spec.argument), self.target.config.num_layers
             if not 1 <= n < layers:
                 raise ValueError(f"layerskip:{n} needs 1 <= N < {layers} (the model's layers)")
-            return DraftModelProposer(self.target, num_layers=n, name=spec.label)
+            proposer = DraftModelProposer(self.target, num_layers=n, name=spec.label)
+            proposer.calibrate()  # (its catch-ups read the prompt through the first n layers: priced too)
+            return proposer
         if spec.method in HEAD_OPTIONS:
             return self._head_proposer(spec)
         return self._draft_proposer(spec)

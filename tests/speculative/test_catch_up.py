@@ -42,6 +42,8 @@ def test_a_loaded_draft_prices_its_first_catch_up(stories_llm, perturbed_stories
     fresh = hybrid.draft.fresh()
     fresh.start(long_prompt(stories_llm, OTHER, 300), 512)
     assert fresh.catch_up_seconds(long_prompt(stories_llm, OTHER, 300)) > 0
+    layerskip = stories_llm.with_spec("layerskip:2")
+    assert layerskip.proposers(layerskip.spec).catch_up_rate.seconds_per_token > 0
 
 
 def test_a_request_measures_the_draft_catch_up_and_the_target_pass(stories_llm, perturbed_stories_dir):
