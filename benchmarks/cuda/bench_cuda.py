@@ -140,11 +140,12 @@ def pair_from_file(path: str, device: torch.device):
 
 # -- measuring --------------------------------------------------------------------------------------
 class ForwardClock:
-    """Wraps a runner's forward_batch (the target pass, logits' copy to the host included): its time and calls."""
+    """Wraps a runner's forward (the engine's target pass, up to its one synchronisation: the logits, or a
+    static step's argmax, on the host): its time and calls."""
 
     def __init__(self, runner) -> None:
-        self.inner, self.seconds, self.calls = runner.forward_batch, 0.0, 0
-        runner.forward_batch = self
+        self.inner, self.seconds, self.calls = runner.forward, 0.0, 0
+        runner.forward = self
 
     def __call__(self, *args, **kwargs):
         t0 = time.perf_counter()
@@ -158,7 +159,7 @@ def speclm_run(llm, prompts: list[list[int]], new_tokens: int) -> dict:
     from speclm import SamplingParams
 
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
-    clock = llm.runner.forward_batch if isinstance(llm.runner.forward_batch, ForwardClock) else ForwardClock(llm.runner)
+    clock = llm.runner.forward if isinstance(llm.runner.forward, ForwardClock) else ForwardClock(llm.runner)
     clock.seconds, clock.calls = 0.0, 0
     sync(llm.device)
     t0 = time.perf_counter()

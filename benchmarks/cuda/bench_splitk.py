@@ -112,11 +112,12 @@ def kernel_part(device: torch.device, tiny: bool) -> list[dict]:
 
 
 class StepClock:
-    """Wraps a runner's forward_batch: each call's wall time (a step's logits reach the host inside it)."""
+    """Wraps a runner's forward (the engine's step): each call's wall time (up to the step's one
+    synchronisation: the logits, or a static step's argmax, on the host)."""
 
     def __init__(self, runner) -> None:
-        self.inner, self.seconds = runner.forward_batch, []
-        runner.forward_batch = self
+        self.inner, self.seconds = runner.forward, []
+        runner.forward = self
 
     def __call__(self, *args, **kwargs):
         t0 = time.perf_counter()

@@ -5,8 +5,9 @@ token trees: no prompt chunk) is laid out on the host as rows (token, position, 
 row) plus a slot table, padded to a bucket of BUCKETS rows, and copied into fixed device buffers in one
 transfer. A bucket's pass (layers, head) is captured in a CUDA graph on its first use, after
 one warm-up pass, and replayed after that: one launch instead of a few hundred, and no host
-synchronisation until the logits are read. Padded rows write their keys to a scratch slot (a block the
-block manager never hands out) and read one key, so they never change a real row.
+synchronisation until each row's argmax is read (the pass ends with it: a greedy step copies no logits).
+Padded rows write their keys to a scratch slot (a block the block manager never hands out) and read one
+key, so they never change a real row.
 
 The same layout runs without capture on any device (mode "eager"): the CPU tests check it against the
 eager path, so on a GPU only the capture and the replay are new. Other steps (prompts, mixed steps, rows
@@ -90,6 +91,7 @@ class Captured:
     graph: object  # torch.cuda.CUDAGraph
     hidden: torch.Tensor  # [bucket, hidden]: the graph's outputs, rewritten by every replay
     logits: torch.Tensor  # [bucket, vocab] fp32
+    argmax: torch.Tensor  # [bucket] int64: each row's greedy choice
     rotary: int  # the rotary table's address at capture (a grown table moves: the graph is then stale)
 
 
@@ -114,9 +116,9 @@ class DecodeGraphs:
         self.failed: str | None = None  # why capturing failed once (the runner then stays eager)
 
     @torch.inference_mode()
-    def run(self, cache, entries: list[BatchEntry]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(logits [rows, vocab] on the host, hidden [rows, hidden]) of the step, or None when the static
-        pass does not cover it (the caller runs the eager path)."""
+    def run(self, cache, entries: list[BatchEntry]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(logits [rows, vocab] where the model lies, hidden [rows, hidden], each row's argmax [rows] on the
+        host) of the step, or None when the static pass does not cover it (the caller runs the eager path)."""
         if self.failed is not None:
             return None
         rows = step_rows(entries, self.scratch, self.width, self.positions)
@@ -125,16 +127,18 @@ class DecodeGraphs:
         self.model.reserve_positions(rows.max_position + 1)  # (a grown table moves: its graphs are captured again)
         self._load(rows)
         if self.mode == "eager":
-            hidden, logits = self._pass(cache, rows.bucket, rows.max_position)
+            hidden, logits, argmax = self._pass(cache, rows.bucket, rows.max_position)
         else:
             captured = self._graph(cache, rows.bucket, rows.max_position)
             if captured is None:
                 return None
             captured.graph.replay()
-            hidden, logits = captured.hidden, captured.logits
+            hidden, logits, argmax = captured.hidden, captured.logits, captured.argmax
         self.steps += 1
         n = rows.num_rows
-        return logits[:n].cpu(), hidden[:n].clone()  # (the copy to the host: the step's one synchronisation)
+        # The argmax's copy to the host is the step's one synchronisation; the logits stay where they are
+        # (copied out of the graph's buffers, which the next replay rewrites) until a read needs them.
+        return logits[:n].clone(), hidden[:n].clone(), argmax[:n].cpu()
 
     def _load(self, rows: StepRows) -> None:
         """The step's rows into the fixed buffers: one host-to-device copy, then two on the device."""
@@ -145,12 +149,13 @@ class DecodeGraphs:
         self.vectors[:, :b].copy_(source[: FIELDS * b].view(FIELDS, b))
         self.table[:t, :w].copy_(source[FIELDS * b :].view(t, w))
 
-    def _pass(self, cache, bucket: int, max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The forward and the head over the first `bucket` rows of the buffers."""
+    def _pass(self, cache, bucket: int, max_position: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The forward, the head and each row's argmax (greedy choice) over the first `bucket` rows."""
         v = self.vectors[:, :bucket]
         meta = StaticRowsMetadata(v[2], v[3], self.table[:bucket], v[4], max_position)
         hidden = self.model(v[0], v[1], cache, meta)
-        return hidden, self.model.device_logits(hidden)
+        logits = self.model.device_logits(hidden)
+        return hidden, logits, logits.argmax(-1)
 
     def _graph(self, cache, bucket: int, max_position: int) -> Captured | None:
         """The bucket's graph, captured now if it is new (or its rotary table moved)."""
@@ -180,5 +185,5 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         # thread_local: another thread's CUDA calls (a server's) neither break this capture nor get captured
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            hidden, logits = self._pass(cache, bucket, max_position)
-        return Captured(graph, hidden, logits, self.model.rotary.cos_table.data_ptr())
+            hidden, logits, argmax = self._pass(cache, bucket, max_position)
+        return Captured(graph, hidden, logits, argmax, self.model.rotary.cos_table.data_ptr())

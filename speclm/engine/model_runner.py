@@ -97,18 +97,26 @@ class ModelRunner:
         """One step over the new tokens of several sequences, flattened through the layers together.
         With `queries` (a list), each layer appends its rotated queries [heads, num_tokens, head_dim].
 
-        Returns (logits [sum of num_logits, vocab] in entry order, features [num_tokens, hidden]
+        Returns (logits [sum of num_logits, vocab] in entry order, on the host, features [num_tokens, hidden]
         (hidden states after the final norm, for proposers that draft from them), seconds).
         """
+        out = self.forward(cache, entries, queries)
+        return out.logits.cpu(), out.hidden, out.seconds
+
+    def forward(
+        self, cache: PagedKVCache, entries: list[BatchEntry], queries: list[torch.Tensor] | None = None
+    ) -> ModelOutput:
+        """forward_batch's step as a ModelOutput: a static step (decode_graphs) leaves its logits where the
+        model lies and brings only each row's argmax to the host (ModelOutput.argmax)."""
         self.thread_watch.observe()
         t0 = time.perf_counter()
         graphs = self._graphs.get(cache) if queries is None else None
         static = graphs.run(cache, entries) if graphs is not None else None
         if static is not None:  # a decode or verification step from the fixed buffers (a CUDA graph's replay)
-            logits, hidden = static
+            logits, hidden, argmax = static
             seconds = time.perf_counter() - t0
             self.slow_steps.observe(len(hidden), seconds)
-            return logits, hidden, seconds
+            return ModelOutput(logits, hidden, seconds, queries, argmax)
         device = self.model.device
         tokens = torch.tensor([t for e in entries for t in e.tokens], dtype=torch.long, device=device)
         positions = torch.tensor([p for e in entries for p in e.positions()], device=device)
@@ -125,7 +133,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden, rows) if rows else torch.zeros(0, self.config.vocab_size)
         seconds = time.perf_counter() - t0
         self.slow_steps.observe(len(tokens), seconds)
-        return logits, hidden, seconds
+        return ModelOutput(logits, hidden, seconds, queries)
 
     def execute(
         self, cache: PagedKVCache, copies: list[tuple[int, int]], entries: list[BatchEntry], want_queries: bool
@@ -133,9 +141,7 @@ class ModelRunner:
         """A scheduled step: the block copies (copy-on-write) it needs, then one forward over its entries
         (with each layer's queries when `want_queries`: token eviction scores committed rows with them)."""
         cache.copy_blocks(copies)
-        queries = [] if want_queries else None
-        logits, hidden, seconds = self.forward_batch(cache, entries, queries)
-        return ModelOutput(logits, hidden, seconds, queries)
+        return self.forward(cache, entries, [] if want_queries else None)
 
     def row_logits(self, hidden: torch.Tensor) -> RowLogits:
         """Logits of single rows of `hidden` [rows, hidden] on demand, each computed once with the
@@ -145,14 +151,16 @@ class ModelRunner:
 
 @dataclass
 class ModelOutput:
-    """What one forward produced: logits [sum of num_logits, vocab] in entry order, features
-    [num_tokens, hidden] (hidden states after the final norm), its seconds, and per layer the rotated
-    queries [heads, num_tokens, head_dim] when they were asked for."""
+    """What one forward produced: logits [sum of num_logits, vocab] in entry order (on the host, or on the
+    GPU after a static step), features [num_tokens, hidden] (hidden states after the final norm), its
+    seconds, per layer the rotated queries [heads, num_tokens, head_dim] when they were asked for, and
+    each logits row's argmax [rows] on the host when the GPU took it (None: read it from the logits)."""
 
     logits: torch.Tensor
     hidden: torch.Tensor
     seconds: float
     queries: list[torch.Tensor] | None
+    argmax: torch.Tensor | None = None
 
 
 class SlowStepWatch:

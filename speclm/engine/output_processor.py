@@ -51,6 +51,7 @@ class OutputProcessor:
         row, offset = 0, 0
         for chunk, entry in zip(plan.chunks, entries):
             logits = out.logits[row : row + entry.num_logits]  # [num_logits, vocab]
+            argmax = out.argmax[row : row + entry.num_logits] if out.argmax is not None else None
             features = out.hidden[offset : offset + chunk.num_tokens]  # [num_tokens, hidden]
             queries = [q[:, offset : offset + chunk.num_tokens] for q in out.queries] if out.queries else None
             row, offset = row + entry.num_logits, offset + chunk.num_tokens
@@ -58,7 +59,9 @@ class OutputProcessor:
             if state is None:  # its request failed earlier in this step
                 continue
             try:
-                outputs += self._chunk(state, chunk, entry, logits, features, seconds_per_row, queries)
+                outputs += self._chunk(
+                    state, chunk, entry, RowLogits.computed(logits, argmax), features, seconds_per_row, queries
+                )
             except Exception as e:  # this sequence's own work broke: fail its request only
                 outputs.append(self.table.fail(state, e))
         return outputs
@@ -68,13 +71,14 @@ class OutputProcessor:
         state: SequenceState,
         chunk: ScheduledChunk,
         entry: BatchEntry,
-        logits: torch.Tensor,
+        computed: RowLogits,
         features: torch.Tensor,
         seconds_per_row: float,
         queries: list[torch.Tensor] | None,
     ) -> list[SequenceOutput]:
-        """Commit what the chunk decided for its sequence (and the forks of a prompt). `queries`
-        (evicting engines): its rows' queries per layer."""
+        """Commit what the chunk decided for its sequence (and the forks of a prompt): `computed`, the rows
+        the forward computed for it (none for a big tree). `queries` (evicting engines): its rows' queries
+        per layer."""
         seq, k = chunk.seq, chunk.num_drafts
         state.stats.target_forwards += 1
         seq.num_computed += chunk.num_tokens - k  # accepted drafts are added after verification
@@ -86,7 +90,7 @@ class OutputProcessor:
                 _hand_features(s, chunk.start, features)
             return []
         # A big tree's logits: its walk computes its path's rows only.
-        rows = RowLogits.computed(logits) if entry.num_logits else self.runner.row_logits(features)
+        rows = computed if entry.num_logits else self.runner.row_logits(features)
         outputs = [self._fork(state, child, chunk, rows, features[: chunk.num_tokens - k]) for child in state.forks]
         state.forks = []
         if k == 0:

@@ -218,7 +218,8 @@ class Speculation:
         rows = raw
         if self.observing:  # rows[0] is the pending token's; node i's is rows[i + 1]
             nodes = [i for i in proposal.observed if i < granted]
-            self.proposer.observe_rows(int(rows.row(0).argmax()), [int(rows.row(i + 1).argmax()) for i in nodes])
+            argmax = rows.argmax_of()
+            self.proposer.observe_rows(argmax(0), [argmax(i + 1) for i in nodes])
         return result, tree
 
     def record(

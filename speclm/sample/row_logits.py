@@ -18,16 +18,30 @@ class RowLogits:
     a big tree's walk needs its path's rows only). The runner makes them, the sampler and the verifier
     read them through the same methods. `seconds`: time spent computing rows on demand."""
 
-    def __init__(self, logits: torch.Tensor | None, compute_row: Callable[[int], torch.Tensor] | None) -> None:
+    def __init__(
+        self,
+        logits: torch.Tensor | None,
+        compute_row: Callable[[int], torch.Tensor] | None,
+        argmax: torch.Tensor | None = None,
+    ) -> None:
         self._logits = logits  # [rows, vocab], or None when rows are computed on demand
+        self._argmax = argmax  # [rows] on the host when the forward took the argmax where the logits lie
         self._compute_row = compute_row
         self._rows: dict[int, torch.Tensor] = {}
         self.seconds = 0.0
 
     @classmethod
-    def computed(cls, logits: torch.Tensor) -> RowLogits:
-        """Rows the forward already computed: [rows, vocab]."""
-        return cls(logits, None)
+    def computed(cls, logits: torch.Tensor, argmax: torch.Tensor | None = None) -> RowLogits:
+        """Rows the forward already computed: [rows, vocab], on the host or on a GPU (copied to the host
+        when a read needs more than their argmax). `argmax` [rows] (host): each row's argmax, taken on the
+        GPU (ModelOutput.argmax), so a greedy step copies no logits."""
+        return cls(logits, None, argmax)
+
+    def _host(self) -> torch.Tensor:
+        """The computed rows on the host (copied once, when first needed)."""
+        if self._logits.device.type != "cpu":
+            self._logits = self._logits.cpu()
+        return self._logits
 
     @classmethod
     def on_demand(cls, compute_row: Callable[[int], torch.Tensor]) -> RowLogits:
@@ -43,14 +57,14 @@ class RowLogits:
             masks = masks.clone()
             masks[torch.as_tensor(dead)] = True
         if self._logits is not None:
-            return RowLogits.computed(mask_logits(self._logits, masks[: self._logits.shape[0]]))
+            return RowLogits.computed(mask_logits(self._host(), masks[: self._logits.shape[0]]))
         masked = RowLogits.on_demand(lambda row: mask_logits(self.row(row), masks[row]))
         return masked
 
     def row(self, row: int) -> torch.Tensor:
         """Logits of one row, [vocab]."""
         if self._logits is not None:
-            return self._logits[row]
+            return self._host()[row]
         if row not in self._rows:
             t0 = time.perf_counter()
             self._rows[row] = self._compute_row(row)
@@ -59,17 +73,21 @@ class RowLogits:
 
     def sample_first(self, params: SamplingParams, generator: torch.Generator | None) -> int:
         """A plain draw (argmax when greedy) from row 0, the pending token's logits."""
-        first = self._logits[:1] if self._logits is not None else self.row(0)[None]  # [1, vocab]
+        if params.greedy and self._argmax is not None:
+            return int(self._argmax[0])
+        first = self._host()[:1] if self._logits is not None else self.row(0)[None]  # [1, vocab]
         return int(select_tokens(first, params, generator)[0])
 
     def argmax_of(self) -> Callable[[int], int]:
         """row -> the argmax token (computed rows: one argmax call for all of them)."""
+        if self._argmax is not None:
+            return self._argmax.tolist().__getitem__
         if self._logits is not None:
-            return self._logits.argmax(-1).tolist().__getitem__
+            return self._host().argmax(-1).tolist().__getitem__
         return lambda row: int(self.row(row).argmax())
 
     def probs_of(self, params: SamplingParams) -> Callable[[int], torch.Tensor]:
         """row -> the processed target distribution p [vocab] (computed rows: one call for all of them)."""
         if self._logits is not None:
-            return processed_probs(self._logits, params).__getitem__
+            return processed_probs(self._host(), params).__getitem__
         return lambda row: processed_probs(self.row(row)[None], params)[0]

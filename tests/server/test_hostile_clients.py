@@ -115,17 +115,17 @@ def slowed(app, seconds_per_step: float, fail_at: int | None = None):
     """Make every engine step take at least `seconds_per_step`; with fail_at, forward pass number
     fail_at raises. Returns a function that undoes it."""
     runner = app.state.engine.engine.runner
-    original, calls = runner.forward_batch, [0]
+    original, calls = runner.forward, [0]
 
-    def forward_batch(cache, entries, queries=None):
+    def forward(cache, entries, queries=None):
         calls[0] += 1
         if calls[0] == fail_at:
             raise RuntimeError("injected failure")
         time.sleep(seconds_per_step)
         return original(cache, entries, queries)
 
-    runner.forward_batch = forward_batch
-    return lambda: setattr(runner, "forward_batch", original)
+    runner.forward = forward
+    return lambda: setattr(runner, "forward", original)
 
 
 def test_a_failing_step_fails_only_its_requests(stories_llm):
