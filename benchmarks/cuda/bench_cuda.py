@@ -246,13 +246,17 @@ def throughput_part(name: str, hf, llm, device: torch.device, tiny: bool, varian
     hf_run(hf, prompts[:1], 2, device)  # warm-up
     result = {"model": name, "params": sum(p.numel() for p in hf.parameters()), "prompt_len": prompt_len}
     gpu_name, bandwidth = card(device)
-    configs = {"speclm": ("auto", True)}
+    configs = {"speclm": ("auto", True, True)}
     if variant_llms is not None:
-        configs.update(speclm_eager=("off", True), speclm_eager_one_gemm=("off", False))
+        configs.update(
+            speclm_cublas=("auto", True, False),
+            speclm_eager=("off", True, True),
+            speclm_eager_one_gemm=("off", False, True),
+        )
     for label, batch in (("batch1", prompts[:1]), (f"concurrency{concurrency}", prompts)):
         row = {"transformers": hf_run(hf, batch, new, device)}
-        for key, (mode, invariant) in configs.items():
-            run = llm if variant_llms is None else variant_llms(mode, invariant)
+        for key, (mode, invariant, few_rows_kernel) in configs.items():
+            run = llm if variant_llms is None else variant_llms(mode, invariant, few_rows_kernel)
             speclm_run(run, prompts[:2], 4)  # warm-up: Triton compiles, cuBLAS picks, the graph is captured
             graphs = run.runner.decode_graphs(run.engine.cache)
             before = graphs.steps if graphs is not None else 0
@@ -320,7 +324,10 @@ def run_part(part: str, device: torch.device, tiny: bool) -> dict:
     if part == "qwen1.5b":
         hf, llm = random_pair(TINY if tiny else QWEN_1_5B, device)
 
-        def variant(mode: str, invariant: bool):
+        def variant(mode: str, invariant: bool, few_rows_kernel: bool = True):
+            from speclm.models import linear
+
+            linear.GPU_FEW_ROWS_KERNEL = few_rows_kernel  # (read when the runner makes the model's linear ops)
             return llm_from_model(llm.model, llm.tokenizer, mode, invariant)
 
         name = "random Qwen2.5-1.5B shapes" + (" (tiny)" if tiny else "")
@@ -349,11 +356,12 @@ def run_part(part: str, device: torch.device, tiny: bool) -> dict:
 
 SPEC_METHODS = ["ngram", "lookahead"]
 ROW_NAMES = {
-    "speclm": "speclm (CUDA graphs, batch-invariant GEMMs)",
+    "speclm": "speclm (CUDA graphs, batch-invariant GEMMs: speclm's Triton GEMM)",
+    "speclm_cublas": "speclm, cuBLAS GEMMs (CUDA graphs, 32-row chunks: the previous path)",
     "speclm_eager": "speclm eager (no CUDA graphs)",
     "speclm_eager_one_gemm": "speclm eager, one GEMM per layer (--no-cuda-graphs --no-batch-invariant)",
 }
-PARTS = {"qwen1.5b": 100, "smollm135m": 90, "stories": 30}  # hard timeouts, seconds (230 s in all: run_gpu.sh)
+PARTS = {"qwen1.5b": 130, "smollm135m": 90, "stories": 30}  # hard timeouts, seconds (230 s in all: run_gpu.sh)
 
 
 # -- report -----------------------------------------------------------------------------------------
