@@ -1,9 +1,10 @@
 """The projections of a batch-1 decode step of Qwen2.5-1.5B's shapes on a GPU: GPU time of one bf16 GEMM per
 projection, cuBLAS (F.linear at 1 row, and at the 32 rows the batch-invariant row_chunked linear runs at batch 1)
-against speclm's Triton GEMM (speclm/kernels/triton_gemm.py: its shape's plan, and a sweep of other blocks,
-splits, stages and warps), as a share of the card's memory bandwidth (the weight's bytes over the time). Each
-plan's result is checked against an fp32 product, and each plan with the default's split against the default's
-bits (whether the rounding depends on more than the split). A diagnostic beside bench_cuda.py (issue 32).
+against a Triton GEMM written for decoding (triton_gemm.py beside this file: its shape's plan, and a sweep of
+other blocks, splits, stages and warps; tried as speclm's path, no faster: not in the package), as a share of
+the card's memory bandwidth (the weight's bytes over the time). Each plan's result is checked against an fp32
+product, and each plan with the default's split against the default's bits (whether the rounding depends on
+more than the split). A diagnostic beside bench_cuda.py (issue 32).
 
     python benchmarks/cuda/bench_gemm.py --out DIR      (on the GPU machine)
 Writes DIR/gemm_bench.json and DIR/gemm_bench.md.
@@ -43,7 +44,7 @@ def shapes(c: dict) -> dict[str, tuple[int, int]]:
 
 def sweep(n: int, k: int) -> list:
     """Plans to try beside the default: other column blocks, splits, stages and warps."""
-    from speclm.kernels.triton_gemm import plan
+    from triton_gemm import plan
 
     base = plan(n, k)
     plans = [base._replace(block_n=b) for b in (32, 64, 128) if b != base.block_n]
@@ -56,7 +57,7 @@ def sweep(n: int, k: int) -> list:
 
 
 def main() -> int:
-    from speclm.kernels import triton_gemm
+    import triton_gemm
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.environ.get("OUT", "."))

@@ -14,24 +14,11 @@ from speclm.kernels import cpu_kernels
 from speclm.models.op_module import OpModule
 from speclm.models.quantizers import COMPUTE_DTYPE
 
-# Rows of every GEMM call on a GPU when linears are batch-invariant (row_chunked): decode (1 row),
-# verification (K + 1 rows) and decode at concurrency up to this many rows share one GEMM shape (for bf16
-# and fp16 weights, speclm's Triton GEMM, whose rows are independent anyway; cuBLAS for fp32 weights).
-BATCH_INVARIANT_ROWS = 32
-
-# On a GPU, bf16 and fp16 weights multiply calls of up to BATCH_INVARIANT_ROWS rows (decoding, and
-# row_chunked's chunks) with speclm's Triton GEMM (False: cuBLAS for every call; the GPU benchmark compares).
-GPU_FEW_ROWS_KERNEL = True
-
 
 def dense_kernel(weight: torch.Tensor, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
     """x @ weight.T + bias for an fp32 or bf16 weight [out, in], x in the weight's dtype; the result
     in that dtype. On the CPU speclm's dense_matmul computes it (a row's result does not depend on the
-    other rows, which torch's GEMM does not promise: see dense_matmul.cpp); on a GPU, calls of a few rows
-    in bf16 or fp16 go through speclm's Triton GEMM (bandwidth-bound decoding, rows independent of each
-    other: kernels/triton_gemm.py), the rest through F.linear."""
-    if weight.is_cuda and weight.dtype in (torch.bfloat16, torch.float16) and GPU_FEW_ROWS_KERNEL:
-        return functools.partial(_few_rows_linear, weight=weight, bias=bias)
+    other rows, which torch's GEMM does not promise: see dense_matmul.cpp); elsewhere F.linear."""
     kernels = cpu_kernels() if weight.device.type == "cpu" and weight.dtype in (torch.float32, COMPUTE_DTYPE) else None
     if kernels is None:
         return functools.partial(F.linear, weight=weight, bias=bias)
@@ -40,16 +27,6 @@ def dense_kernel(weight: torch.Tensor, bias: torch.Tensor | None) -> Callable[[t
     if weight.dtype == torch.float32:
         return lambda x: op(x, weight, bias)
     return lambda x: op(x, weight, bias).to(weight.dtype)
-
-
-def _few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear on a GPU, through speclm's Triton GEMM for up to BATCH_INVARIANT_ROWS rows."""
-    from speclm.kernels import triton_gemm
-
-    flat = x.reshape(-1, x.shape[-1])
-    if flat.shape[0] > BATCH_INVARIANT_ROWS:
-        return F.linear(x, weight, bias)
-    return triton_gemm.linear(flat, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
 
 
 class Linear(nn.Linear):
@@ -71,6 +48,11 @@ def linear_op(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     if isinstance(module, OpModule):  # the quantized formats, GGUF-native and w8a8 layers
         return module.op()
     return module
+
+
+# Rows of every GEMM call on a GPU when linears are batch-invariant (row_chunked): decode (1 row),
+# verification (K + 1 rows) and decode at concurrency up to this many rows share one cuBLAS shape.
+BATCH_INVARIANT_ROWS = 32
 
 
 def row_chunked(linear: Callable[[torch.Tensor], torch.Tensor], rows: int) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -1,6 +1,7 @@
-"""The GEMM of decoding on a GPU, in Triton: y = x @ w.T (+ bias) for a few rows x [rows, K] (decode,
-verification, a small batch) and a bf16 or fp16 weight w [N, K], as nn.Linear stores it (imported only for
-CUDA tensors, or by tests under TRITON_INTERPRET=1).
+"""An experiment (bench_gemm.py times it against cuBLAS; not part of speclm): the GEMM of decoding on a GPU in
+Triton, y = x @ w.T (+ bias) for a few rows x [rows, K] (decode, verification, a small batch) and a bf16 or
+fp16 weight w [N, K], as nn.Linear stores it. On an H100 it was no faster than cuBLAS inside CUDA graphs and
+its Python launches slowed eager steps (gemm_triton_h100.md), so speclm's linears stay on cuBLAS.
 
 A decode step reads every weight once for a handful of rows, so its GEMMs are bound by memory bandwidth:
 each program streams a [BLOCK_N, K / split] slice of the weight once for up to BLOCK_M rows, several tiles in
