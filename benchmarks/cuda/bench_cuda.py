@@ -257,13 +257,9 @@ def throughput_part(name: str, hf, llm, device: torch.device, tiny: bool, varian
     hf_run(hf, prompts[:1], 2, device)  # warm-up
     result = {"model": name, "params": sum(p.numel() for p in hf.parameters()), "prompt_len": prompt_len}
     gpu_name, bandwidth = card(device)
-    configs = {"speclm": ("auto", True, True)}
+    configs = {"speclm": ("auto", True)}
     if variant_llms is not None:
-        configs.update(
-            speclm_cublas=("auto", True, False),
-            speclm_eager=("off", True, True),
-            speclm_eager_one_gemm=("off", False, True),
-        )
+        configs.update(speclm_eager=("off", True), speclm_eager_one_gemm=("off", False))
     for label, batch in (("batch1", prompts[:1]), (f"concurrency{concurrency}", prompts)):
         row = {"transformers": hf_run(hf, batch, new, device)}
         for key, (mode, invariant) in configs.items():
