@@ -135,7 +135,13 @@ class BlockManager:
         compaction on: start..end-1 are then entries start - dropped.. (from entry 0 at most)."""
         seq, bs = self._seqs[seq_id], self.block_size
         blocks, d = seq.blocks, seq.dropped
-        return [blocks[i // bs] * bs + i % bs for i in range(max(0, start - d), end - d) if blocks[i // bs] != EVICTED]
+        lo, hi = max(0, start - d), end - d
+        slots: list[int] = []
+        for b in range(lo // bs, -(-hi // bs)):  # a block's run of slots at once (every step asks for them all)
+            if blocks[b] != EVICTED:
+                shift = (blocks[b] - b) * bs  # entry i of block b sits at slot blocks[b] * bs + i % bs
+                slots.extend(range(max(lo, b * bs) + shift, min(hi, b * bs + bs) + shift))
+        return slots
 
     def local_slot_ids(self, seq_id: str, start: int, end: int) -> None:
         """The slots of a separate pool of sliding-window layers (speclm/kv/hybrid.py): none here."""
