@@ -39,12 +39,23 @@ def run_serve(args: argparse.Namespace) -> int:
     if max(levels) > config.max_num_seqs:
         print(f"note: concurrency above --max-num-seqs {config.max_num_seqs} queues requests", file=sys.stderr)
     methods = split_methods(args.methods) or ["ar"]  # keeps "eagle:DIR,topk=1" together
-    llm, prompts, categories = load_llm_and_prompts(args)
-    room = llm.model.config.max_position_embeddings - args.max_tokens
+    if args.compare_inprocess:
+        llm, prompts, categories = load_llm_and_prompts(args)
+        model_path, context_length = llm.model_path, llm.model.config.max_position_embeddings
+    else:  # the servers load the model: this process only reads its config and tokenizes the prompts
+        from speclm.models.loader import load_checkpoint
+        from speclm.tokenizer import load_tokenizer
+
+        selected = selected_prompts(args)
+        checkpoint = load_checkpoint(args.model)  # (a GGUF's tensors stay unread)
+        model_path, context_length = checkpoint.source, checkpoint.config.max_position_embeddings
+        prompts = tokenized(args, load_tokenizer(model_path, args.tokenizer), selected)
+        categories = [p["category"] for p in selected]
+    room = context_length - args.max_tokens
     if room < 1:
         raise ValueError(f"--max-tokens {args.max_tokens} leaves no room for a prompt in the model's context")
     prompts = [p[-room:] for p in prompts]  # keep the end of over-long prompts (tiny-context models)
-    peers = serve_peers(args, llm.model_path, methods)
+    peers = serve_peers(args, model_path, methods)
 
     def num_requests(c: int) -> int:  # by default every prompt at least once per level (the per-category table)
         return args.requests or (len(prompts) if args.compare_inprocess else max(len(prompts), 2 * c))
@@ -103,7 +114,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if sys.argv[1:2] == ["bench"]
         else "speclm bench serve"
     )
-    title = f"speclm bench serve: {os.path.basename(llm.model_path)}, greedy, {args.max_tokens} tokens per request"
+    title = f"speclm bench serve: {os.path.basename(model_path)}, greedy, {args.max_tokens} tokens per request"
     paths = output_paths(args.out, args.name or "serve")
     write_json(
         paths["json"],
@@ -268,15 +279,24 @@ def run_kv(args: argparse.Namespace) -> int:
 
 def load_llm_and_prompts(args: argparse.Namespace):
     """The model (without speculation), the selected benchmark prompts as token ids and their categories."""
+    selected = selected_prompts(args)  # (a bad prompt file fails before the slow load)
+    args.spec = None
+    llm = load_llm(args)
+    return llm, tokenized(args, llm.tokenizer, selected), [p["category"] for p in selected]
+
+
+def selected_prompts(args: argparse.Namespace) -> list[dict]:
+    """The benchmark prompts --prompts, --per-category and --categories select."""
     from speclm.data import load_prompts
 
     wanted = args.categories.split(",") if args.categories else None
-    selected = load_prompts(args.prompts, args.per_category or None, wanted)
-    texts = [p["text"] for p in selected]
-    args.spec = None
-    llm = load_llm(args)
-    prompts = [
-        llm.tokenizer.encode(t) if args.no_chat else llm.tokenizer.encode_chat([{"role": "user", "content": t}])
-        for t in texts
+    return load_prompts(args.prompts, args.per_category or None, wanted)
+
+
+def tokenized(args: argparse.Namespace, tokenizer, selected: list[dict]) -> list[list[int]]:
+    """The prompts as token ids, chat-formatted unless --no-chat."""
+    chat = not args.no_chat
+    return [
+        tokenizer.encode_chat([{"role": "user", "content": p["text"]}]) if chat else tokenizer.encode(p["text"])
+        for p in selected
     ]
-    return llm, prompts, [p["category"] for p in selected]
