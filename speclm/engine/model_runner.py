@@ -162,6 +162,12 @@ class ModelOutput:
     queries: list[torch.Tensor] | None
     argmax: torch.Tensor | None = None
 
+    def host_logits(self) -> torch.Tensor:
+        """The logits on the host: a GPU's are copied once, for every chunk of the step that needs them."""
+        if self.logits.device.type != "cpu":
+            self.logits = self.logits.cpu()
+        return self.logits
+
 
 class SlowStepWatch:
     """Warns once when a small step (a few rows: decoding) takes far longer than the fastest one so far,

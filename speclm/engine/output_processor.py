@@ -50,18 +50,18 @@ class OutputProcessor:
         outputs: list[SequenceOutput] = []
         row, offset = 0, 0
         for chunk, entry in zip(plan.chunks, entries):
-            logits = out.logits[row : row + entry.num_logits]  # [num_logits, vocab]
-            argmax = out.argmax[row : row + entry.num_logits] if out.argmax is not None else None
+            end = row + entry.num_logits
+            logits = out.logits[row:end]  # [num_logits, vocab]
+            argmax = out.argmax[row:end] if out.argmax is not None else None
+            computed = RowLogits.computed(logits, argmax, lambda row=row, end=end: out.host_logits()[row:end])
             features = out.hidden[offset : offset + chunk.num_tokens]  # [num_tokens, hidden]
             queries = [q[:, offset : offset + chunk.num_tokens] for q in out.queries] if out.queries else None
-            row, offset = row + entry.num_logits, offset + chunk.num_tokens
+            row, offset = end, offset + chunk.num_tokens
             state = self.table.get(chunk.seq.seq_id)
             if state is None:  # its request failed earlier in this step
                 continue
             try:
-                outputs += self._chunk(
-                    state, chunk, entry, RowLogits.computed(logits, argmax), features, seconds_per_row, queries
-                )
+                outputs += self._chunk(state, chunk, entry, computed, features, seconds_per_row, queries)
             except Exception as e:  # this sequence's own work broke: fail its request only
                 outputs.append(self.table.fail(state, e))
         return outputs

@@ -23,24 +23,31 @@ class RowLogits:
         logits: torch.Tensor | None,
         compute_row: Callable[[int], torch.Tensor] | None,
         argmax: torch.Tensor | None = None,
+        to_host: Callable[[], torch.Tensor] | None = None,
     ) -> None:
         self._logits = logits  # [rows, vocab], or None when rows are computed on demand
         self._argmax = argmax  # [rows] on the host when the forward took the argmax where the logits lie
+        self._to_host = to_host  # these rows' host copy (a step's logits are copied once for all its chunks)
         self._compute_row = compute_row
         self._rows: dict[int, torch.Tensor] = {}
         self.seconds = 0.0
 
     @classmethod
-    def computed(cls, logits: torch.Tensor, argmax: torch.Tensor | None = None) -> RowLogits:
-        """Rows the forward already computed: [rows, vocab], on the host or on a GPU (copied to the host
-        when a read needs more than their argmax). `argmax` [rows] (host): each row's argmax, taken on the
-        GPU (ModelOutput.argmax), so a greedy step copies no logits."""
-        return cls(logits, None, argmax)
+    def computed(
+        cls,
+        logits: torch.Tensor,
+        argmax: torch.Tensor | None = None,
+        to_host: Callable[[], torch.Tensor] | None = None,
+    ) -> RowLogits:
+        """Rows the forward already computed: [rows, vocab], on the host or on a GPU (copied to the host,
+        by `to_host()` if given, when a read needs more than their argmax). `argmax` [rows] (host): each
+        row's argmax, taken on the GPU (ModelOutput.argmax), so a greedy step copies no logits."""
+        return cls(logits, None, argmax, to_host)
 
     def _host(self) -> torch.Tensor:
         """The computed rows on the host (copied once, when first needed)."""
         if self._logits.device.type != "cpu":
-            self._logits = self._logits.cpu()
+            self._logits = self._to_host() if self._to_host is not None else self._logits.cpu()
         return self._logits
 
     @classmethod

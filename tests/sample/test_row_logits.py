@@ -1,10 +1,12 @@
 """RowLogits with an argmax taken where the logits lie (a GPU's static step): greedy reads come from it and
-copy no logits; every other read (a sampled draw, a grammar's mask, probabilities) uses the logits."""
+copy no logits; every other read (a sampled draw, a grammar's mask, probabilities) uses the logits, copied
+to the host once for all the chunks of the step."""
 
 from __future__ import annotations
 
 import torch
 
+from speclm.engine.model_runner import ModelOutput
 from speclm.sample.row_logits import RowLogits
 from speclm.sampling_params import SamplingParams
 
@@ -12,14 +14,21 @@ GREEDY = SamplingParams()
 
 
 class CountingTensor:
-    """Stands in for logits on a GPU: counts the copies to the host."""
+    """Stands in for logits on a GPU (and its slices): counts the copies to the host."""
 
-    def __init__(self, logits: torch.Tensor) -> None:
-        self.logits, self.copies = logits, 0
+    def __init__(self, logits: torch.Tensor, copies: list[int] | None = None) -> None:
+        self.logits, self._copies = logits, copies if copies is not None else [0]
         self.device, self.shape = torch.device("meta"), logits.shape
 
+    @property
+    def copies(self) -> int:
+        return self._copies[0]
+
+    def __getitem__(self, index) -> CountingTensor:
+        return CountingTensor(self.logits[index], self._copies)
+
     def cpu(self) -> torch.Tensor:
-        self.copies += 1
+        self._copies[0] += 1
         return self.logits
 
 
@@ -44,3 +53,17 @@ def test_every_other_read_copies_the_logits_once():
     masked = rows.masked(torch.tensor([[True, False, True], [True, True, True]]))
     assert masked.sample_first(GREEDY, None) == 2  # under the mask: the logits' argmax, not the given one
     assert device.copies == 1
+
+
+def test_the_chunks_of_a_step_share_one_copy_of_its_logits():
+    logits = torch.tensor([[0.0, 30.0, 1.0], [20.0, 0.0, 1.0], [0.0, 1.0, 40.0]])
+    device = CountingTensor(logits)
+    out = ModelOutput(device, torch.zeros(3, 2), 0.0, None, torch.tensor([1, 0, 2]))
+    chunks = [  # rows 0-1 (a verification) and row 2 (a decode), as OutputProcessor.process slices them
+        RowLogits.computed(out.logits[a:b], out.argmax[a:b], lambda a=a, b=b: out.host_logits()[a:b])
+        for a, b in ((0, 2), (2, 3))
+    ]
+    sampled, generator = SamplingParams(temperature=1.0), torch.Generator().manual_seed(0)
+    assert [rows.sample_first(sampled, generator) for rows in chunks] == [1, 2]
+    assert torch.equal(chunks[0].row(1), logits[1]) and torch.equal(chunks[1].row(0), logits[2])
+    assert device.copies == 1 and out.logits is logits  # one copy of the step's logits, for both chunks
