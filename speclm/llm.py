@@ -37,8 +37,7 @@ class LLM:
     layers: auto (the default: a GGUF file's own quantization types, fp32 for other files) | fp32 |
     bf16 | int8 | int4[:GROUP] (see speclm.models.weight_formats). cache: the paged KV cache the engine
     runs on; spec_max_batch: the engine drafts only in steps with at most this many sequences (running
-    or waiting to be admitted)
-    (None: the method's default, SpecConfig.default_max_batch).
+    or waiting to be admitted; None: the method's default, SpecConfig.default_max_batch).
     device: auto (the default: a CUDA GPU when torch sees one, else the CPU) | cpu | cuda | cuda:N; on a
     GPU the weights are dense bf16 (auto, bf16; fp16 where bf16 is missing) or fp32. cuda_graphs: on a
     GPU, decode and verification steps replay CUDA graphs (False: every step eager); batch_invariant: on a

@@ -44,9 +44,9 @@ class Engine:
     Speculative decoding runs inside the batch: with `spec`, each sequence has its own proposer (from
     `make_proposer`) and adaptive K, its drafts are verified in the same forward as the other
     sequences' tokens, and a step with more than `spec_max_batch` sequences (running, or waiting to be
-    admitted) skips proposing
-    (a big batch already keeps the weights busy; extra verification rows stop paying); None takes the
-    method's default (SpecConfig.default_max_batch: a draft model on a CPU drafts for one sequence only).
+    admitted) skips proposing (a big batch already keeps the weights busy; extra verification rows stop
+    paying); None takes the method's default (SpecConfig.default_max_batch: a draft model on a CPU drafts
+    for one sequence only).
 
     Every row attends like plain decoding (speclm/models/attention.py), so a request's tokens do not
     depend on what else runs. Feature proposers (Medusa, EAGLE) get the target features of every

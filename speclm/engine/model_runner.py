@@ -101,7 +101,7 @@ class ModelRunner:
         (hidden states after the final norm, for proposers that draft from them), seconds).
         """
         out = self.forward(cache, entries, queries)
-        return out.logits.cpu(), out.hidden, out.seconds
+        return out.host_logits(), out.hidden, out.seconds
 
     def forward(
         self, cache: PagedKVCache, entries: list[BatchEntry], queries: list[torch.Tensor] | None = None
