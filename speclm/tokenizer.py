@@ -86,6 +86,12 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
 
+    @property
+    def added_token_ids(self) -> list[int]:
+        """Ids of the tokens added to the base vocabulary: control tokens and chat markers (Qwen's
+        <|im_start|>, <|endoftext|>, <tool_call>, its fill-in-the-middle tokens), in id order."""
+        return sorted(self.backend.get_added_tokens_decoder())
+
     # -- chat ---------------------------------------------------------------------------
     def apply_chat_template(
         self,

@@ -126,7 +126,9 @@ def prepare(opts: DistillOptions, llm=None) -> Prepared:
     c = checkpoint.config
     head_weight = checkpoint.tensors["model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"]
     token_map = (
-        frequent_tokens(data.token_counts, opts.token_map_size, always=c.eos_token_ids) if opts.token_map_size else None
+        frequent_tokens(data.token_counts, opts.token_map_size, always=c.eos_token_ids + llm.tokenizer.added_token_ids)
+        if opts.token_map_size
+        else None
     )
     space = HeadSpace(head_weight, token_map)
     layers = None

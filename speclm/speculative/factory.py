@@ -8,6 +8,7 @@ import torch
 
 from speclm.config import HEAD_OPTIONS, SpecConfig, WeightFormat
 from speclm.models.builder import GPU_FORMATS, build_model
+from speclm.models.checkpoint import ModelLoadError
 from speclm.models.llama import LlamaModel
 from speclm.models.loader import load_checkpoint
 from speclm.models.weight_formats import convert_linear_layers
@@ -19,6 +20,7 @@ from speclm.speculative.lookahead import LookaheadProposer
 from speclm.speculative.medusa import MedusaProposer
 from speclm.speculative.ngram import NgramProposer
 from speclm.speculative.proposer import Proposer
+from speclm.tokenizer import load_tokenizer
 
 
 class ProposerFactory:
@@ -97,7 +99,7 @@ def build_draft_proposer(
         )
     token_map = load_token_map(path, vocab)
     if token_map is None and 0 < options["vocab"] < vocab:
-        token_map = frequent_tokens(options["vocab"], vocab, config.eos_token_ids)
+        token_map = frequent_tokens(options["vocab"], vocab, config.eos_token_ids + added_token_ids(path))
     if device is not None and device.type == "cuda":  # beside a GPU target: dense on the GPU (q4_0 is CPU code)
         weights = options["weights"] if options["weights"] in GPU_FORMATS else "auto"
         draft = build_model(checkpoint, weights=weights, device=device)
@@ -113,10 +115,21 @@ def build_draft_proposer(
     return proposer
 
 
+def added_token_ids(path: str) -> list[int]:
+    """The draft file's added tokens (control tokens, chat and tool-call markers), or [] when it has no
+    tokenizer of its own. They have the highest ids of a byte-level BPE vocabulary, so a map of its
+    lowest ids leaves them out, yet a chat model writes them: without them a draft can never propose the
+    end of a turn's markers, a tool call's tags or a fill-in-the-middle answer's tokens."""
+    try:
+        return load_tokenizer(path).added_token_ids
+    except ModelLoadError:  # (a checkpoint whose tokenizer is passed separately, as llama2.c's)
+        return []
+
+
 def frequent_tokens(count: int, vocab_size: int, always: list[int]) -> torch.Tensor:
-    """The `count` lowest token ids plus `always` (end-of-turn tokens): byte-level BPE vocabularies
-    number tokens in the order their merges were learned, so low ids are the frequent ones. A draft
-    over them never proposes the rest; the target still verifies over the whole vocabulary."""
+    """The `count` lowest token ids plus `always` (end-of-turn and added tokens): byte-level BPE
+    vocabularies number tokens in the order their merges were learned, so low ids are the frequent ones.
+    A draft over them never proposes the rest; the target still verifies over the whole vocabulary."""
     ids = torch.arange(count)
     extra = torch.tensor(sorted({t for t in always if t >= count and t < vocab_size}), dtype=torch.long)
     return torch.cat([ids, extra])

@@ -41,3 +41,25 @@ def test_a_draft_loaded_with_only_its_head_rows_proposes_as_the_whole_head(tmp_p
         proposals.append(draft.propose(ids, 4, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0)))
     assert proposals[0].tokens == proposals[1].tokens
     assert torch.equal(proposals[0].probs, proposals[1].probs)
+
+
+def test_a_frequent_token_map_keeps_the_tokenizers_added_tokens(tmp_path):
+    """A draft's map of the lowest ids also holds the tokenizer's added tokens (the highest ids: chat
+    markers, tool-call tags), or the draft could never propose the end of a turn's markers."""
+    from tokenizers import Tokenizer, models
+
+    from speclm.config import SpecConfig
+    from speclm.speculative.factory import build_draft_proposer
+
+    vocab, added = 160, ["<|im_start|>", "<|im_end|>", "<tool_call>"]
+    base = vocab - len(added)
+    backend = Tokenizer(models.WordLevel({f"w{i}": i for i in range(base)}, unk_token="w0"))
+    backend.add_special_tokens(added)
+    tiny_hf_model(transformers.LlamaConfig, vocab_size=vocab).save_pretrained(tmp_path)
+    backend.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "<|im_end|>"}')
+
+    spec = SpecConfig.parse(f"draft:{tmp_path},vocab=100,lookup=off,weights=fp32")
+    draft = build_draft_proposer(spec, vocab)
+    assert draft.token_map.tolist() == list(range(100)) + [base, base + 1, base + 2]
+    assert draft.lm_head(torch.zeros(1, 64)).shape == (1, 103)
