@@ -28,15 +28,10 @@ def build_model(
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
     weights: str | WeightFormat | None = None,
-    head_rows: torch.Tensor | None = None,
 ) -> LlamaModel:
     """Instantiate the decoder from the checkpoint, fusing QKV and gate/up, with its linear layers in
     the runtime format `weights`: fp32 (the default here) | bf16 | int8 | int4[:GROUP] | auto (a GGUF
     file's own types where speclm's kernels run them; fp32 for anything else).
-
-    `head_rows` (token ids; a draft's token map): where the head is a GGUF tensor of its own, only those
-    rows are loaded, and `model.head_rows` says so (its logits' column j is token head_rows[j]); else
-    the head is whole and `model.head_rows` is None.
 
     Layers are built one at a time, so at most one layer's float weights exist beside the model.
     """
@@ -53,14 +48,13 @@ def build_model(
         raise ValueError(f"--weights {fmt.label} runs on the CPU with fp32 activations; got {dtype} on {device}")
     return_big_frees_to_os()
     if native and fmt.name in ("auto", "q4_0"):
-        model, source = _build_native(checkpoint, fmt.name == "q4_0", head_rows)
+        model = _build_native(checkpoint, fmt.name == "q4_0")
     else:
         # The float path is many small torch ops, which one thread runs best on a busy machine.
         source = FloatSource(checkpoint, fmt, dtype, device)
         with single_threaded():
             model = _build(checkpoint, source, dtype, device)
     trim_freed_memory()
-    model.head_rows = source.head_rows if isinstance(source, NativeSource) else None
     return model.eval()
 
 
@@ -76,29 +70,24 @@ def _build_on_gpu(checkpoint: Checkpoint, fmt: WeightFormat, device: torch.devic
         raise ValueError(f"--weights {fmt.label} runs on the CPU only; on {device} use one of {', '.join(GPU_FORMATS)}")
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(fmt.name) or gpu_dtype(device)
     model = _build(checkpoint, FloatSource(checkpoint, WeightFormat("fp32"), dtype, device), dtype, device)
-    model.head_rows = None
     return model.eval()
 
 
-def _build_native(
-    checkpoint: Checkpoint, to_q4_0: bool, head_rows: torch.Tensor | None
-) -> tuple[LlamaModel, NativeSource]:
+def _build_native(checkpoint: Checkpoint, to_q4_0: bool) -> LlamaModel:
     """A GGUF file on its own grids: mapped from its pack cache entry when there is one, else repacked
     (its time is a few large calls, split over the threads) and the entry written for the next load."""
-    subset = head_rows if not checkpoint.config.tie_word_embeddings else None
-    cache = PackCache.for_file(checkpoint.tensors.path, to_q4_0, subset)
+    cache = PackCache.for_file(checkpoint.tensors.path, to_q4_0)
     mapped = cache.open() if cache is not None else None
     if mapped is not None:
         try:
-            source = NativeSource(checkpoint, to_q4_0, subset, arena=mapped)
-            model = _build(checkpoint, source, torch.float32, "cpu")
+            model = _build(checkpoint, NativeSource(checkpoint, to_q4_0, arena=mapped), torch.float32, "cpu")
             mapped.check_complete()
-            return model, source
+            return model
         except StaleEntry as e:
             warnings.warn(f"speclm: the pack cache entry {cache.pack} is stale ({e}); rebuilding it", stacklevel=3)
             cache.discard()
     writer = cache.writer() if cache is not None else None
-    source = NativeSource(checkpoint, to_q4_0, subset, arena=PackArena(writer))
+    source = NativeSource(checkpoint, to_q4_0, arena=PackArena(writer))
     try:
         model = _build(checkpoint, source, torch.float32, "cpu")
     except BaseException:
@@ -107,7 +96,7 @@ def _build_native(
         raise
     if writer is not None:
         cache.finish(source.arena)
-    return model, source
+    return model
 
 
 def native_source_applies(checkpoint: Checkpoint) -> bool:

@@ -65,12 +65,10 @@ class NativeSource:
         self,
         checkpoint: Checkpoint,
         to_q4_0: bool = False,
-        head_rows: torch.Tensor | None = None,
         arena: PackArena | MappedArena | None = None,
     ) -> None:
         self.t = checkpoint.tensors  # speclm.models.gguf_loader.LazyTensors
         self.to_q4_0 = to_q4_0
-        self.head_rows = head_rows  # the head's rows to load (None: all)
         self.floats = FloatSource(checkpoint, WeightFormat("fp32"), torch.float32, "cpu")
         self._scratch = torch.empty(0, dtype=torch.uint8)  # file bytes of the tensor being repacked
         self._converted = torch.empty(0, dtype=torch.uint8)  # its bytes as Q4_0 (to_q4_0)
@@ -80,35 +78,22 @@ class NativeSource:
     def tensor(self, name: str) -> torch.Tensor:
         return self.t[name]
 
-    def _part(self, name: str, to_q4_0: bool = False, order: torch.Tensor | None = None) -> Segment | torch.Tensor:
-        """One tensor repacked; with `order`, output i is the file's row order[i] (else its rotary order)."""
+    def _part(self, name: str, to_q4_0: bool = False) -> Segment | torch.Tensor:
+        """One tensor repacked (the rotary rows of q and k in their rotary order)."""
         type_name = self.t.type_name(name)
         if type_name not in NATIVE_TYPES:
-            if order is not None:  # (a float head: whole; the proposer selects its rows)
-                self.head_rows = None
             return quantized_segment(self.t[name], "Q4_0") if to_q4_0 else self.t[name]
         kernels, rows = native_kernels(), self.t.rows_of(name)
         row_bytes = self.t.byte_size(name) // rows
-        subset = order is not None and len(order) < rows
         out_type = "Q4_0" if to_q4_0 else type_name
-        out_rows = len(order) if subset else rows
         out_row_bytes = self.t.shape_of(name)[1] // 32 * 18 if out_type != type_name else row_bytes
-        out = self.arena.take(kernels.gguf_packed_bytes(NATIVE_TYPES[out_type], out_rows, out_row_bytes))
+        out = self.arena.take(kernels.gguf_packed_bytes(NATIVE_TYPES[out_type], rows, out_row_bytes))
         if self.arena.filled:
-            return Segment(out_type, out, out_rows)
+            return Segment(out_type, out, rows)
         # Rows are read a slice at a time, so the scratch stays small: fresh memory is costly to touch
         # (a page fault per page), and a large tensor (an embedding, a head) would need that much more.
         step = max(16, SLICE_BYTES // row_bytes // 16 * 16)
-        if subset:  # some rows (a draft's head): gathered slice by slice
-            selected = torch.empty(len(order), row_bytes, dtype=torch.uint8)
-            for first in range(0, rows, step):
-                raw = self._read(name, first, min(rows, first + step), row_bytes)
-                hit = ((order >= first) & (order < first + len(raw))).nonzero().flatten()
-                selected[hit] = raw[order[hit] - first]
-            if out_type != type_name:
-                selected = self._to_q4_0(selected, type_name)
-            return Segment(out_type, kernels.gguf_pack(selected, NATIVE_TYPES[out_type], NO_ORDER, out, 0), out_rows)
-        order = order if order is not None else self.t.rotary_row_order(name)
+        order = self.t.rotary_row_order(name)
         if order is not None:  # a permutation (the rotary rows of q and k): read whole
             step = rows
         for first in range(0, rows, step):
@@ -133,8 +118,7 @@ class NativeSource:
     def linear(self, names: list[str], bias: torch.Tensor | None, head: bool = False) -> nn.Module:
         in_features = self.t.shape_of(names[0])[1]
         to_q4_0 = self.to_q4_0 and in_features % 32 == 0  # (Q4_0 blocks are 32 inputs wide)
-        order = self.head_rows if head else None
-        parts = [self._part(n, to_q4_0, order) for n in names]
+        parts = [self._part(n, to_q4_0) for n in names]
         if all(isinstance(p, Segment) for p in parts):
             return GGUFLinear(parts, in_features, bias)
         # A fused layer with a float part: the whole layer in fp32 (exactly the file's values).

@@ -48,7 +48,6 @@ class LlamaModel(nn.Module):
         self.lean_ops: list[LayerOps] | None = None  # see use_lean_ops
         self.head_op: TensorFn | None = None
         self.native_decoder = None  # see use_lean_ops
-        self.head_rows: torch.Tensor | None = None  # the token ids of lm_head's rows when it has only some (a draft's)
 
     @property
     def act_dtype(self) -> torch.dtype:

@@ -130,14 +130,13 @@ class PackCache:
         self.index = self.pack.with_suffix(".json")
 
     @classmethod
-    def for_file(cls, path: str, to_q4_0: bool, head_rows: torch.Tensor | None) -> PackCache | None:
+    def for_file(cls, path: str, to_q4_0: bool) -> PackCache | None:
         """The entry for a GGUF file loaded in this form, or None when the cache is off."""
         directory = cache_dir()
         if directory is None:
             return None
         source = os.path.realpath(path)
         st = os.stat(source)
-        rows = "all" if head_rows is None else hashlib.sha256(head_rows.to(torch.int64).numpy().tobytes()).hexdigest()
         parts = [
             f"v{ENTRY_VERSION}",
             source,
@@ -147,7 +146,6 @@ class PackCache:
             f"q4_0={to_q4_0}",
             f"buffers={PackArena.BUFFER_BYTES},{PackArena.ALIGN}",
             _packing_code_digest(),
-            f"head={rows}",
         ]
         form = "q4_0" if to_q4_0 else "auto"
         return cls(directory, source, form, hashlib.sha256("\n".join(parts).encode()).hexdigest())

@@ -104,7 +104,7 @@ def build_draft_proposer(
         weights = options["weights"] if options["weights"] in GPU_FORMATS else "auto"
         draft = build_model(checkpoint, weights=weights, device=device)
     else:
-        draft = build_model(checkpoint, weights=options["weights"], head_rows=token_map)  # (own head: those rows)
+        draft = build_model(checkpoint, weights=options["weights"])
     del checkpoint
     window = {"window": options["window"], "sinks": options["sinks"]}
     if options["branch"]:

@@ -182,6 +182,14 @@ def load_head(directory: str | Path, target_config: ModelConfig | None = None) -
     return head.eval()
 
 
+def cuts_rows_cheaply(lm_head: nn.Module) -> bool:
+    """Whether draft_lm_head cuts a few rows of this head without dequantizing all of it first (it does
+    for an int8, int4 or bf16 head)."""
+    from speclm.models.quant_linear import QuantizedLinear
+
+    return not isinstance(lm_head, QuantizedLinear)
+
+
 def draft_lm_head(lm_head: nn.Module, token_map: torch.Tensor | None) -> nn.Module:
     """The output head a proposer drafts with, built once: the target's head itself, or with a
     token_map a head over the subset rows ([V', hidden]; column j of its logits is token

@@ -108,9 +108,9 @@ def test_entries_are_per_form_and_a_changed_file_replaces_its_entry(tmp_path, mo
     for form in ("auto", "q4_0"):
         builder.build_model(load_checkpoint(str(gguf)), weights=form)
     assert len(list(tmp_path.glob("*.pack"))) == 2
-    key = PackCache.for_file(str(gguf), False, None).key
+    key = PackCache.for_file(str(gguf), False).key
     gguf.touch()  # a new modification time: as good as a new file
-    assert PackCache.for_file(str(gguf), False, None).key != key
+    assert PackCache.for_file(str(gguf), False).key != key
     builder.build_model(load_checkpoint(str(gguf)), weights="auto")
     assert len(list(tmp_path.glob("*.pack"))) == 2
     assert {json.loads(p.read_text())["form"] for p in tmp_path.glob("*.json")} == {"auto", "q4_0"}

@@ -1,4 +1,4 @@
-"""A draft model whose output head is a GGUF tensor of its own loads only its token map's rows."""
+"""A draft's output head over a token map: the map's ids, and the context's tokens outside it."""
 
 import pytest
 import torch
@@ -17,30 +17,35 @@ pytestmark = pytest.mark.skipif(native_kernels() is None, reason="no AVX-512 VNN
 
 
 @pytest.mark.parametrize("weights", ["auto", "q4_0"])
-def test_a_draft_loaded_with_only_its_head_rows_proposes_as_the_whole_head(tmp_path, weights):
-    """In the draft form (q4_0) the head's rows are re-quantized too, row by row: the subset's rows are the
-    whole head's rows."""
+def test_context_tokens_outside_the_map_get_head_columns(tmp_path, weights):
+    """A draft over a token map also scores the context's tokens outside it: with a context holding every
+    token, it proposes (greedy, and sampled with the same probabilities) as the whole head does; without
+    those columns (a proposer that never adds them) it proposes otherwise. Its prompt memo and cache are
+    the same either way."""
     tiny_hf_model(transformers.LlamaConfig).save_pretrained(tmp_path)  # an untied head
     path = str(tmp_path / "draft-q8_0.gguf")
     export_gguf(load_checkpoint(str(tmp_path)), None, path, "Q8_0")
-    vocab = load_checkpoint(path).config.vocab_size
-    token_map = frequent_tokens(vocab // 2, vocab, [vocab - 1])
-    subset = build_model(load_checkpoint(path), weights=weights, head_rows=token_map)
-    whole = build_model(load_checkpoint(path), weights=weights)
-    assert subset.head_rows is token_map and whole.head_rows is None
-    assert subset.lm_head.out_features == len(token_map) and whole.lm_head.out_features == vocab
-    head_type = "Q4_0" if weights == "q4_0" else "Q8_0"
-    for model in (subset, whole):
-        assert [s.type_name for s in model.lm_head.segments] == [head_type]
-    drafts = [DraftModelProposer(m, token_map=token_map) for m in (subset, whole)]
-    assert drafts[0].lm_head is subset.lm_head  # not selected a second time
-    ids = list(range(5, 30))
-    proposals = []
-    for draft in drafts:
-        draft.start(ids, 64)
-        proposals.append(draft.propose(ids, 4, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0)))
-    assert proposals[0].tokens == proposals[1].tokens
-    assert torch.equal(proposals[0].probs, proposals[1].probs)
+    model = build_model(load_checkpoint(path), weights=weights)
+    vocab = model.config.vocab_size
+    token_map = frequent_tokens(vocab // 4, vocab, [])
+    context = list(range(vocab))[::-1]  # every token, so each one outside the map gets a column
+    whole = DraftModelProposer(model)
+    mapped = DraftModelProposer(model, token_map=token_map)
+    map_only = DraftModelProposer(model, token_map=token_map)
+    map_only.in_map = None  # (never adds the context's columns)
+    greedy, sampled = SamplingParams(), SamplingParams(temperature=1.0)
+    proposals = {}
+    for name, draft in [("whole", whole), ("mapped", mapped), ("map only", map_only)]:
+        draft.start(context, 256)
+        proposals[name] = draft.propose(context, 4, greedy, None)
+        draft.start(context, 256)
+        proposals[name, "sampled"] = draft.propose(context, 4, sampled, torch.Generator().manual_seed(0))
+    assert sorted(mapped.columns.tolist()) == list(range(vocab))
+    assert proposals["mapped"].tokens == proposals["whole"].tokens
+    assert any(t >= vocab // 4 for t in proposals["whole"].tokens)  # (so the map alone cannot propose them)
+    assert proposals["map only"].tokens != proposals["whole"].tokens
+    assert proposals["mapped", "sampled"].tokens == proposals["whole", "sampled"].tokens
+    torch.testing.assert_close(proposals["mapped", "sampled"].probs, proposals["whole", "sampled"].probs)
 
 
 def test_a_frequent_token_map_keeps_the_tokenizers_added_tokens(tmp_path):
