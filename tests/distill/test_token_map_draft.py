@@ -43,13 +43,15 @@ def test_token_map_draft_greedy_equals_plain_greedy(stories_llm, token_map_draft
             drafted += out.stats.drafted_tokens
             accepted += out.stats.accepted_tokens
         assert drafted > 0 and 0 < accepted < drafted
-    # proposals stay inside the map and their q is zero outside it
+    # proposals stay inside the map and the context's tokens, and their q is zero outside them
     ids = stories_llm.tokenizer.encode("Once upon a time")
     proposer.start(ids, 64)
     proposal = proposer.propose(ids, 4, SamplingParams(temperature=1.0), torch.Generator().manual_seed(1))
-    assert set(proposal.tokens) <= token_map
+    assert not set(ids) <= token_map  # (so the context adds columns)
+    assert set(proposer.columns.tolist()) == token_map | set(ids)
+    assert set(proposal.tokens) <= token_map | set(ids)
     outside = torch.ones(512, dtype=torch.bool)
-    outside[list(token_map)] = False
+    outside[list(token_map | set(ids))] = False
     assert proposal.probs[:, outside].sum() == 0
     torch.testing.assert_close(proposal.probs.sum(-1), torch.ones(4))
 
