@@ -172,6 +172,7 @@ class DraftModelProposer(Proposer):
         """No context tokens outside the token map yet: the head's columns are the map's."""
         self.columns = self.token_map
         self.context_ids: list[int] = []  # this sequence's context tokens outside the map, as first seen
+        self.context_set: set[int] = set()
         self.context_head = None  # the draft model's head rows for them
         self.scanned = 0  # how much of the context was checked for them
 
@@ -186,13 +187,13 @@ class DraftModelProposer(Proposer):
         """Give the head a column for each token of `context` (not yet checked) that the token map lacks."""
         if self.in_map is None or len(self.context_ids) >= MAX_CONTEXT_COLUMNS:
             return
-        new = [t for t in dict.fromkeys(context[self.scanned :]) if t not in self.in_map]
+        new = [t for t in dict.fromkeys(context[self.scanned :]) if t not in self.in_map and t not in self.context_set]
         self.scanned = len(context)
-        seen = set(self.context_ids)
-        new = [t for t in new if t not in seen][: MAX_CONTEXT_COLUMNS - len(self.context_ids)]
+        new = new[: MAX_CONTEXT_COLUMNS - len(self.context_ids)]
         if not new:
             return
         self.context_ids += new
+        self.context_set.update(new)
         ids = torch.tensor(self.context_ids, dtype=torch.long)
         self.context_head = draft_lm_head(self.model.lm_head, ids)
         self.columns = torch.cat([self.token_map, ids])
@@ -209,6 +210,7 @@ class DraftModelProposer(Proposer):
         reused = self.prompt_memo.restore(self._memo_keys(view), self.cache)
         self.cached_ids = view[:reused]
         self.unremembered = view
+        self._reset_columns()  # (a new sequence: its own context's columns)
 
     def view(self, context: list[int]) -> list[int]:
         """What the draft reads of `context` (which starts with this sequence's prompt): the context
