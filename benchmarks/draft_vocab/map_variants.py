@@ -41,7 +41,7 @@ def without(variant: str, target: LLM, draft: str) -> LLM:
         with mock.patch("speclm.speculative.factory.added_token_ids", lambda path: []):
             return target.with_spec(f"draft:{draft},vocab=32768")
     engine = target.with_spec(f"draft:{draft},vocab=32768")
-    draft_template(engine).in_map = None  # its copies never add the context's columns
+    draft_template(engine).head.in_map = None  # its copies never add the context's columns
     return engine
 
 
@@ -63,7 +63,7 @@ def main() -> None:
     modes = (f"without {part}", f"with {part}")
     engines = dict(zip(modes, (without(args.variant, target, args.draft), target.with_spec(f"draft:{args.draft}"))))
     before = set(target.tokenizer.added_token_ids) if args.variant == "added_tokens" else None
-    in_map = draft_template(engines[modes[1]]).in_map
+    in_map = draft_template(engines[modes[1]]).head.in_map
     prompts = load_prompts(f"{CODING_PROMPTS},{SPECBENCH_PROMPTS}", args.per_category, args.categories.split(","))
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     rows = []

@@ -53,7 +53,7 @@ class DraftService:
         self.template = self.compute.submit(build_draft_proposer, config.draft_spec(), None).result()
 
     def vocab_size(self) -> int:
-        return self.template.vocab_size
+        return self.template.model.config.vocab_size
 
     @serve.multiplexed(max_num_models_per_replica=DRAFT_SEQUENCES_PER_REPLICA)
     async def sequence(self, key: str) -> DraftSequence:

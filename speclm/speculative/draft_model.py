@@ -14,12 +14,11 @@ from speclm.models.llama import LlamaModel
 from speclm.sample.masked import mask_logits
 from speclm.sample.sampler import processed_probs, sample_from_probs
 from speclm.sampling_params import SamplingParams
-from speclm.speculative.heads import cuts_rows_cheaply, draft_lm_head
+from speclm.speculative.draft_head import DraftHead
 from speclm.speculative.proposer import Proposal, Proposer
 
 TOKEN_MAP_FILE = "speclm_token_map.json"  # beside a draft's weights; not *.safetensors, which loaders read as weights
 PROMPT_MEMO_BYTES = 64 << 20  # the most cache the prompt memo keeps (a 0.5B draft: ~2,600 tokens)
-MAX_CONTEXT_COLUMNS = 4096  # the most context tokens outside the token map one sequence's head adds
 
 
 class PromptMemo:
@@ -103,11 +102,9 @@ class DraftModelProposer(Proposer):
     So rejected drafts are rolled back without the engine telling it which ones.
 
     With a `token_map` ([V'] token ids) the draft's head scores only that subset, plus the tokens of
-    this sequence's context outside it (its own prompt's identifiers, mostly: a token seen in the
-    context is likely to come again, and a map of frequent tokens misses the rare names a piece of code
-    repeats); its distribution q is zero elsewhere, which the verifier handles like any other q (output
-    stays exact), and the head's matmul shrinks by about vocab / V'. Column j of the draft's logits is
-    token `columns[j]`.
+    this sequence's context outside it (speclm/speculative/draft_head.py): its distribution q is zero
+    elsewhere, which the verifier handles like any other q (output stays exact), and the head's matmul
+    shrinks by about vocab / V'.
 
     With a `window` the draft reads only part of a long prompt: its first `sinks` tokens (attention
     sinks) and its last `window` tokens, then everything generated. The draft's cache holds this
@@ -136,13 +133,7 @@ class DraftModelProposer(Proposer):
             model.use_lean_ops()
         self.num_layers = num_layers
         self.name = name
-        self.token_map = token_map
-        self.vocab_size = model.config.vocab_size
-        self.lm_head = draft_lm_head(model.lm_head, token_map)  # over the token map when there is one
-        # The map's ids, where the context's columns can be cut from the whole head as they appear (cheaply).
-        adds_context = token_map is not None and cuts_rows_cheaply(model.lm_head)
-        self.in_map = frozenset(token_map.tolist()) if adds_context else None
-        self._reset_columns()
+        self.head = DraftHead(model.lm_head, token_map, model.config.vocab_size)
         self.window, self.sinks, self.renumber = window, sinks, renumber  # window 0: the whole prompt
         self.dropped = 0  # prompt tokens after the sinks that this sequence's draft does not read
         self.cache = None
@@ -168,35 +159,12 @@ class DraftModelProposer(Proposer):
             seconds = time.perf_counter() - t0
         self.catch_up_rate.record(n, seconds)
 
-    def _reset_columns(self) -> None:
-        """No context tokens outside the token map yet: the head's columns are the map's."""
-        self.columns = self.token_map
-        self.context_ids: list[int] = []  # this sequence's context tokens outside the map, as first seen
-        self.context_set: set[int] = set()
-        self.context_head = None  # the draft model's head rows for them
-        self.scanned = 0  # how much of the context was checked for them
-
     def fresh(self) -> DraftModelProposer:
         """Another sequence's proposer on the same draft model and output head, with its own cache."""
         other = copy.copy(self)
         other.cache, other.cached_ids, other.unremembered, other.dropped = None, [], None, 0
-        other._reset_columns()
+        other.head = self.head.for_sequence()
         return other
-
-    def _add_context_columns(self, context: list[int]) -> None:
-        """Give the head a column for each token of `context` (not yet checked) that the token map lacks."""
-        if self.in_map is None or len(self.context_ids) >= MAX_CONTEXT_COLUMNS:
-            return
-        new = [t for t in dict.fromkeys(context[self.scanned :]) if t not in self.in_map and t not in self.context_set]
-        self.scanned = len(context)
-        new = new[: MAX_CONTEXT_COLUMNS - len(self.context_ids)]
-        if not new:
-            return
-        self.context_ids += new
-        self.context_set.update(new)
-        ids = torch.tensor(self.context_ids, dtype=torch.long)
-        self.context_head = draft_lm_head(self.model.lm_head, ids)
-        self.columns = torch.cat([self.token_map, ids])
 
     def for_another_engine(self) -> DraftModelProposer:
         other = self.fresh()
@@ -210,7 +178,7 @@ class DraftModelProposer(Proposer):
         reused = self.prompt_memo.restore(self._memo_keys(view), self.cache)
         self.cached_ids = view[:reused]
         self.unremembered = view
-        self._reset_columns()  # (a new sequence: its own context's columns)
+        self.head.reset()  # (a new sequence: its own context's columns)
 
     def view(self, context: list[int]) -> list[int]:
         """What the draft reads of `context` (which starts with this sequence's prompt): the context
@@ -247,19 +215,8 @@ class DraftModelProposer(Proposer):
         )
         self.cache.truncate(start + len(tokens))
         self.cached_ids.extend(tokens)
-        last = hidden[-1:]
-        logits = self.lm_head(last).float()  # [1, vocab], or [1, V'] over the token map
-        if self.context_head is not None:  # then the context's tokens outside the map
-            logits = torch.cat([logits, self.context_head(last).float()], dim=-1)
+        logits = self.head.logits(hidden[-1:])  # [1, vocab], or [1, columns] over the token map and the context
         return logits if logits.device.type == "cpu" else logits.cpu()  # drawn with the request's CPU generator
-
-    def _full_vocab(self, probs: torch.Tensor) -> torch.Tensor:
-        """q over the head's columns -> q over the vocabulary [1, vocab], zero outside them."""
-        if self.columns is None:
-            return probs
-        full = probs.new_zeros(probs.shape[0], self.vocab_size)
-        full[:, self.columns] = probs
-        return full
 
     def _agreeing(self, view: list[int]) -> int:
         """How many of the cached tokens to keep for `view`: the prefix that agrees with it, short of its
@@ -279,7 +236,7 @@ class DraftModelProposer(Proposer):
     def _catch_up(self, context: list[int]) -> torch.Tensor:
         """Keep the cached prefix that agrees with the committed context (its view), feed the rest; the
         logits after the context's last token ([1, vocab] or over the token map)."""
-        self._add_context_columns(context)
+        self.head.add_context(context)
         context = self.view(context)
         keep = self._agreeing(context)
         self.cache.truncate(keep)
@@ -297,10 +254,6 @@ class DraftModelProposer(Proposer):
         """Catch the cache up on the committed context without drafting (another proposer drafts this step)."""
         self._catch_up(context)
 
-    def _token(self, index: int) -> int:
-        """A head column's token id."""
-        return index if self.columns is None else int(self.columns[index])
-
     def propose(
         self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Proposal:
@@ -311,9 +264,9 @@ class DraftModelProposer(Proposer):
         probs: list[torch.Tensor] = []
         for i in range(k):
             if params.greedy:
-                token = self._token(int(logits.argmax(-1)))
+                token = self.head.token(int(logits.argmax(-1)))
             else:
-                q = self._full_vocab(processed_probs(logits, params))  # [1, vocab]
+                q = self.head.full_vocab(processed_probs(logits, params))  # [1, vocab]
                 token = int(sample_from_probs(q, generator))
                 probs.append(q[0])
             tokens.append(token)
@@ -332,14 +285,14 @@ class DraftModelProposer(Proposer):
         try:
             for i in range(k):
                 with grammar.timed():
-                    mask = self._draft_mask(grammar.allowed_mask())  # [V] or [V'] over the token map
+                    mask = self.head.mask(grammar.allowed_mask())  # [V] or [V'] over the token map
                     if not mask.any():
                         break
                     masked = mask_logits(logits, mask[None])
                 if params.greedy:
-                    token = self._token(int(masked.argmax(-1)))
+                    token = self.head.token(int(masked.argmax(-1)))
                 else:
-                    q = self._full_vocab(processed_probs(masked, params))  # [1, vocab]
+                    q = self.head.full_vocab(processed_probs(masked, params))  # [1, vocab]
                     token = int(sample_from_probs(q, generator))
                     probs.append(q[0])
                 tokens.append(token)
@@ -351,15 +304,6 @@ class DraftModelProposer(Proposer):
         finally:
             grammar.rollback(advanced)
         return Proposal(tokens, torch.stack(probs) if probs else None)
-
-    def _draft_mask(self, mask: torch.Tensor) -> torch.Tensor:
-        """The grammar's mask over the draft head's columns (the token map's and the context's, or the
-        draft's vocabulary)."""
-        if self.columns is not None:
-            return mask[self.columns]
-        if mask.shape[0] >= self.vocab_size:
-            return mask[: self.vocab_size]
-        return torch.cat([mask, mask.new_zeros(self.vocab_size - mask.shape[0])])
 
 
 class DraftTreeProposer(DraftModelProposer):
@@ -394,17 +338,17 @@ class DraftTreeProposer(DraftModelProposer):
             while len(tokens) < k:
                 if grammar is not None:  # this node's choices: the tokens the grammar allows after the chain
                     with grammar.timed():
-                        mask = self._draft_mask(grammar.allowed_mask())  # [V] or [V'] over the token map
+                        mask = self.head.mask(grammar.allowed_mask())  # [V] or [V'] over the token map
                         if not mask.any():
                             break
                         logits = mask_logits(logits, mask[None])
                 top = torch.topk(torch.softmax(logits[0].float(), dim=-1), 2)
-                tokens.append(self._token(int(top.indices[0])))
+                tokens.append(self.head.token(int(top.indices[0])))
                 parents.append(parent)
                 node = len(tokens) - 1
                 # unsure: the runner-up as a leaf (masked, a runner-up outside the grammar has probability 0)
                 if float(top.values[0]) < self.branch and float(top.values[1]) > 0 and len(tokens) < k:
-                    tokens.append(self._token(int(top.indices[1])))
+                    tokens.append(self.head.token(int(top.indices[1])))
                     parents.append(parent)
                 parent = node
                 if grammar is not None:

@@ -35,7 +35,7 @@ def test_token_map_draft_greedy_equals_plain_greedy(stories_llm, token_map_draft
     for k in (1, 4):
         llm = stories_llm.with_spec(f"draft:{token_map_draft_dir},lookup=off", num_speculative_tokens=k, adaptive=False)
         proposer = llm.proposers(llm.spec)  # a fresh proposer for one sequence
-        assert isinstance(proposer, DraftModelProposer) and proposer.token_map is not None
+        assert isinstance(proposer, DraftModelProposer) and proposer.head.token_map is not None
         drafted = accepted = 0
         for prompt in STORY_PROMPTS:
             out = llm.generate(prompt, params)[0]
@@ -48,7 +48,7 @@ def test_token_map_draft_greedy_equals_plain_greedy(stories_llm, token_map_draft
     proposer.start(ids, 64)
     proposal = proposer.propose(ids, 4, SamplingParams(temperature=1.0), torch.Generator().manual_seed(1))
     assert not set(ids) <= token_map  # (so the context adds columns)
-    assert set(proposer.columns.tolist()) == token_map | set(ids)
+    assert set(proposer.head.columns.tolist()) == token_map | set(ids)
     assert set(proposal.tokens) <= token_map | set(ids)
     outside = torch.ones(512, dtype=torch.bool)
     outside[list(token_map | set(ids))] = False

@@ -32,7 +32,7 @@ def test_context_tokens_outside_the_map_get_head_columns(tmp_path, weights):
     whole = DraftModelProposer(model)
     mapped = DraftModelProposer(model, token_map=token_map)
     map_only = DraftModelProposer(model, token_map=token_map)
-    map_only.in_map = None  # (never adds the context's columns)
+    map_only.head.in_map = None  # (never adds the context's columns)
     greedy, sampled = SamplingParams(), SamplingParams(temperature=1.0)
     proposals = {}
     for name, draft in [("whole", whole), ("mapped", mapped), ("map only", map_only)]:
@@ -40,7 +40,7 @@ def test_context_tokens_outside_the_map_get_head_columns(tmp_path, weights):
         proposals[name] = draft.propose(context, 4, greedy, None)
         draft.start(context, 256)
         proposals[name, "sampled"] = draft.propose(context, 4, sampled, torch.Generator().manual_seed(0))
-    assert sorted(mapped.columns.tolist()) == list(range(vocab))
+    assert sorted(mapped.head.columns.tolist()) == list(range(vocab))
     assert proposals["mapped"].tokens == proposals["whole"].tokens
     assert any(t >= vocab // 4 for t in proposals["whole"].tokens)  # (so the map alone cannot propose them)
     assert proposals["map only"].tokens != proposals["whole"].tokens
@@ -66,5 +66,5 @@ def test_a_frequent_token_map_keeps_the_tokenizers_added_tokens(tmp_path):
 
     spec = SpecConfig.parse(f"draft:{tmp_path},vocab=100,lookup=off,weights=fp32")
     draft = build_draft_proposer(spec, vocab)
-    assert draft.token_map.tolist() == list(range(100)) + [base, base + 1, base + 2]
-    assert draft.lm_head(torch.zeros(1, 64)).shape == (1, 103)
+    assert draft.head.token_map.tolist() == list(range(100)) + [base, base + 1, base + 2]
+    assert draft.head.logits(torch.zeros(1, 64)).shape == (1, 103)
