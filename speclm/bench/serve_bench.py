@@ -13,8 +13,10 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 
 from speclm.bench import serve_client
@@ -44,21 +46,48 @@ def serve_in_thread(app):
 
 
 def run_levels(
-    servers: dict[str, str], prompts: list[list[int]], levels: list[tuple[int, int]], max_tokens: int
+    servers: dict[str, str],
+    prompts: list[list[int]],
+    levels: list[tuple[int, int]],
+    max_tokens: int,
+    between_rounds: Callable[[int, list[int]], None] | None = None,
 ) -> dict[str, list[dict]]:
     """Run each (concurrency, requests) level against the servers ({label: URL}, interleaved request by
     request) after a short warm-up request to each; {label: a row per level}. The clients run in a process of
     their own (speclm/bench/serve_client.py), as an application's do: in a server's process they would take
-    its GIL."""
+    its GIL. `between_rounds(level index, request ids)` runs before each round's requests, while the servers
+    are idle: the in-process engine's turn in the same rotation."""
     job = {"servers": list(servers.items()), "prompts": prompts, "levels": levels, "max_tokens": max_tokens}
+    job["sync"] = between_rounds is not None
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, serve_client.__file__], input=json.dumps(job), capture_output=True, text=True, env=env
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"the benchmark client failed: {done.stderr.strip()[-1500:]}")
-    rows = json.loads(done.stdout)  # a {label: row} per level
-    return {label: [level[label] for level in rows] for label in servers}
+    with tempfile.TemporaryFile("w+") as errors:
+        client = subprocess.Popen(
+            [sys.executable, serve_client.__file__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            env=env,
+        )
+        client.stdin.write(json.dumps(job) + "\n")
+        client.stdin.flush()
+        last = None
+        try:
+            for line in client.stdout:  # the caller's turns, then the results
+                message = json.loads(line)
+                if isinstance(message, dict) and "level" in message:
+                    between_rounds(message["level"], message["ids"])
+                    client.stdin.write("go\n")
+                    client.stdin.flush()
+                else:
+                    last = message
+        except BaseException:
+            client.kill()
+            raise
+        if client.wait() != 0 or last is None:
+            errors.seek(0)
+            raise RuntimeError(f"the benchmark client failed: {errors.read().strip()[-1500:]}")
+    return {label: [level[label] for level in last] for label in servers}  # a {label: row} per level
 
 
 def markdown(results: dict, title: str, command: str, machine: dict, note: str) -> str:
@@ -89,27 +118,49 @@ def markdown(results: dict, title: str, command: str, machine: dict, note: str) 
     return "\n".join(lines) + "\n"
 
 
-def time_in_process(llm, prompts: list[list[int]], max_tokens: int, on_thread: bool = False) -> dict:
-    """`llm.generate` on each prompt in turn (greedy, max_tokens each), on this thread or, with `on_thread`,
-    on a new thread that did not load the model (what speclm serve avoids; the ModelRunner warns)."""
-    from speclm.sampling_params import SamplingParams
+class InProcessRuns:
+    """`llm.generate` on one prompt at a time (greedy, max_tokens each, EOS ignored), each timed and kept;
+    the first is preceded by a short warm-up request."""
 
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    out: dict = {}
+    def __init__(self, llm, max_tokens: int) -> None:
+        from speclm.sampling_params import SamplingParams
+
+        self.llm = llm
+        self.params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+        self.warm_up = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+        self.results, self.seconds = [], []
+
+    def run(self, prompt: list[int]) -> None:
+        if self.warm_up is not None:
+            self.llm.generate(prompt, self.warm_up)
+            self.warm_up = None
+        t0 = time.perf_counter()
+        self.results.append(self.llm.generate(prompt, self.params)[0])
+        self.seconds.append(time.perf_counter() - t0)
+
+    def summary(self) -> dict:
+        if not self.results:
+            raise RuntimeError("the in-process run failed")
+        tokens = [len(r.token_ids) for r in self.results]
+        return {
+            "seconds": sum(self.seconds),
+            "texts": [r.text for r in self.results],
+            "request_tokens": tokens,
+            "request_stats": [_step_stats(r.stats) for r in self.results],
+            "request_seconds": list(self.seconds),
+            "tokens": sum(tokens),
+            "tokens_per_s": sum(tokens) / sum(self.seconds),
+        }
+
+
+def time_in_process(llm, prompts: list[list[int]], max_tokens: int, on_thread: bool = False) -> dict:
+    """InProcessRuns over every prompt in turn, on this thread or, with `on_thread`, on a new thread that
+    did not load the model (what speclm serve avoids; the ModelRunner warns)."""
+    runs = InProcessRuns(llm, max_tokens)
 
     def run() -> None:
-        llm.generate(prompts[0], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))  # warm-up
-        results, seconds = [], []
         for p in prompts:
-            t0 = time.perf_counter()
-            results.append(llm.generate(p, params)[0])
-            seconds.append(time.perf_counter() - t0)
-        out["seconds"] = sum(seconds)
-        out["texts"] = [r.text for r in results]
-        out["request_tokens"] = [len(r.token_ids) for r in results]
-        out["request_stats"] = [_step_stats(r.stats) for r in results]
-        out["request_seconds"] = seconds
-        out["tokens"] = sum(out["request_tokens"])
+            runs.run(p)
 
     if on_thread:
         thread = threading.Thread(target=run, name="speclm-bench-worker")
@@ -117,10 +168,7 @@ def time_in_process(llm, prompts: list[list[int]], max_tokens: int, on_thread: b
         thread.join()
     else:
         run()
-    if "seconds" not in out:
-        raise RuntimeError("the in-process run failed")
-    out["tokens_per_s"] = out["tokens"] / out["seconds"]
-    return out
+    return runs.summary()
 
 
 def _step_stats(stats) -> dict:

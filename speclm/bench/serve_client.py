@@ -1,9 +1,12 @@
 """`speclm bench serve`'s HTTP clients, run as a program of their own (serve_bench.run_levels): a JSON job on
-stdin ({"servers" as [label, url] pairs, "prompts" as token ids, "levels" as [concurrency, requests] pairs,
-"max_tokens"}), per level one result per server on stdout. Requests go in rounds of `concurrency` at once,
-and each round visits every server in turn (the order rotating from round to round): the servers are
-compared request by request at the same moment, so the machine's drift between minutes does not land on
-one server's rows. It imports nothing from speclm (running it loads no torch)."""
+stdin's first line ({"servers" as [label, url] pairs, "prompts" as token ids, "levels" as [concurrency,
+requests] pairs, "max_tokens", "sync"}), per level one result per server on stdout's last line. Requests go
+in rounds of `concurrency` at once, and each round visits every server in turn (the order rotating from
+round to round): the servers are compared request by request at the same moment, so the machine's drift
+between minutes does not land on one server's rows. With "sync", before each measured round it writes
+{"level": i, "ids": [...]} on a line of its own and waits for a line on stdin: the caller times its own
+runs of those requests (the in-process engine) in between. It imports nothing from speclm (running it
+loads no torch)."""
 
 from __future__ import annotations
 
@@ -61,10 +64,16 @@ async def _one_request(client, url: str, prompt_ids: list[int], max_tokens: int)
 
 
 async def run_level(
-    servers: list[tuple[str, str]], prompts: list[list[int]], concurrency: int, num_requests: int, max_tokens: int
+    servers: list[tuple[str, str]],
+    prompts: list[list[int]],
+    concurrency: int,
+    num_requests: int,
+    max_tokens: int,
+    sync_level: int | None = None,
 ) -> dict[str, dict]:
     """Send num_requests requests to each server, `concurrency` at once (round r: requests r*C .. r*C+C-1,
-    the servers one after another); {label: throughput and latency percentiles}."""
+    the servers one after another); {label: throughput and latency percentiles}. `sync_level`: this level's
+    index for the caller's turn before each round (see the module's docstring), None for no turns."""
     import httpx
 
     results: dict[str, dict[int, dict]] = {label: {} for label, _ in servers}
@@ -75,6 +84,9 @@ async def run_level(
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         for r, first in enumerate(range(0, num_requests, concurrency)):
             ids = range(first, min(num_requests, first + concurrency))
+            if sync_level is not None:  # the caller's turn (blocking: nothing else runs between rounds)
+                print(json.dumps({"level": sync_level, "ids": list(ids)}), flush=True)
+                sys.stdin.readline()
             turn = r % len(servers)
             for label, url in servers[turn:] + servers[:turn]:
                 t0 = time.perf_counter()
@@ -114,11 +126,14 @@ def _summary(results: list[dict], wall: float, concurrency: int, prompt_tokens: 
 
 
 def main() -> None:
-    job = json.load(sys.stdin)
+    job = json.loads(sys.stdin.readline())
     servers, prompts, max_tokens = [tuple(s) for s in job["servers"]], job["prompts"], job["max_tokens"]
     asyncio.run(run_level(servers, prompts, 1, 1, 4))  # warm-up
-    rows = [asyncio.run(run_level(servers, prompts, c, n, max_tokens)) for c, n in job["levels"]]
-    json.dump(rows, sys.stdout)
+    rows = [
+        asyncio.run(run_level(servers, prompts, c, n, max_tokens, i if job.get("sync") else None))
+        for i, (c, n) in enumerate(job["levels"])
+    ]
+    print(json.dumps(rows), flush=True)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,14 @@ NOTE = (
 def run_serve(args: argparse.Namespace) -> int:
     from speclm.bench.machine import machine_info
     from speclm.bench.report import output_paths, write_json
-    from speclm.bench.serve_bench import inprocess_markdown, markdown, mismatches, run_levels, time_in_process
+    from speclm.bench.serve_bench import (
+        InProcessRuns,
+        inprocess_markdown,
+        markdown,
+        mismatches,
+        run_levels,
+        time_in_process,
+    )
     from speclm.bench.serve_categories import anatomy, anatomy_markdown, category_markdown, category_results
     from speclm.bench.speclm_server import SpeclmServer
     from speclm.cli.serve import cache_config
@@ -68,7 +75,18 @@ def run_serve(args: argparse.Namespace) -> int:
         servers.append(SpeclmServer(label, options, spec, args.k, not args.no_adaptive))
         if args.compare_inprocess:  # on this thread, which loaded the model, as the server's engine runs
             served_llms[label] = llm if spec is None else llm.with_spec(method, args.k, not args.no_adaptive)
-            inprocess[label] = time_in_process(served_llms[label], prompts, args.max_tokens)
+    runs = {label: InProcessRuns(served, args.max_tokens) for label, served in served_llms.items()}
+    turns = iter(range(1 << 30))
+
+    def in_process_turn(_level: int, ids: list[int]) -> None:
+        """At concurrency 1, the in-process engines run the round's request first, their order rotating,
+        while the servers are idle: the same moment's machine as the servers' requests."""
+        labels = list(runs)
+        turn = next(turns) % len(labels)
+        for label in labels[turn:] + labels[:turn]:
+            for i in ids:
+                runs[label].run(prompts[i % len(prompts)])
+
     context = max(len(p) for p in prompts) + args.max_tokens + 16
     results: dict[str, list[dict]] = {}
     for c in levels:  # every server up at once (a peer with one slot per client), the requests interleaved
@@ -81,7 +99,8 @@ def run_serve(args: argparse.Namespace) -> int:
                     print(f"peer {peer.name} failed, left out: {e}", file=sys.stderr)
                     results.pop(peer.name, None)
                     peers.remove(peer)
-            for label, rows in run_levels(urls, prompts, [(c, num_requests(c))], args.max_tokens).items():
+            turn = in_process_turn if runs and c == 1 else None
+            for label, rows in run_levels(urls, prompts, [(c, num_requests(c))], args.max_tokens, turn).items():
                 r = rows[0]
                 results.setdefault(label, []).append(r)
                 print(
@@ -89,6 +108,7 @@ def run_serve(args: argparse.Namespace) -> int:
                     f"TTFT p50 {r['ttft_p50']:.3f} s, ITL p50 {1000 * r['itl_p50']:.1f} ms",
                     file=sys.stderr,
                 )
+    inprocess = {label: r.summary() for label, r in runs.items()}
     reference = results.get("no speculation") or next(iter(results.values()))
     for rows in results.values():  # greedy text against speclm's AR (or the first method), request by request
         for r, ref in zip(rows, reference):
@@ -97,10 +117,10 @@ def run_serve(args: argparse.Namespace) -> int:
         server = next(row for row in results[label] if row["concurrency"] == 1)
         r["server_tokens_per_s"] = server["tokens_per_s"]
         r["server_vs_inprocess"] = server["tokens_per_s"] / r["tokens_per_s"]
-        n = min(len(server["texts"]), len(prompts))  # request i asks prompt i (mod the prompts)
-        r["server_mismatches"] = mismatches(server["texts"][:n], r["texts"][:n])
+        r["server_mismatches"] = mismatches(server["texts"], r["texts"])  # (request i asks prompt i mod the prompts)
+    requested = [prompts[i % len(prompts)] for i in range(num_requests(1))]
     for label, r in inprocess.items():  # last: a second OpenMP team in this process could slow what follows
-        other = time_in_process(served_llms[label], prompts, args.max_tokens, on_thread=True)
+        other = time_in_process(served_llms[label], requested, args.max_tokens, on_thread=True)
         r["other_thread_tokens_per_s"] = other["tokens_per_s"]
         r["other_thread_mismatches"] = mismatches(other["texts"], r["texts"])
     for rows in [*results.values(), inprocess.values()]:

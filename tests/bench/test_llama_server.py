@@ -38,7 +38,8 @@ def test_peer_names_and_command(fake_bin):
 
 def test_requests_are_interleaved_across_servers(fake_bin, tmp_path, monkeypatch):
     """Each round of C requests visits every server, the first server rotating: at concurrency 1, A B, B A,
-    A B, ... after a warm-up round; at concurrency 2 both requests of a round reach a server together."""
+    A B, ... after a warm-up round; at concurrency 2 both requests of a round reach a server together. The
+    caller's turn (the in-process engine's) comes before each measured round, with its request ids."""
     from speclm.bench.serve_bench import run_levels
 
     log = tmp_path / "requests.log"
@@ -48,10 +49,19 @@ def test_requests_are_interleaved_across_servers(fake_bin, tmp_path, monkeypatch
         LlamaServerPeer("llama-server", fake_bin, "m.gguf", 1),
     )
     prompts = [[1], [1, 2], [1, 2, 3], [1, 2, 3, 4]]  # a request's prompt length names it
+
+    def turn(level: int, ids: list[int]) -> None:
+        with open(log, "a") as f:
+            f.write(f"turn {level} {','.join(map(str, ids))}\n")
+
     with a.serving(1, 64) as url_a, b.serving(1, 64) as url_b:
-        rows = run_levels({"A": url_a, "B": url_b}, prompts, [(1, 4), (2, 4)], 3)
+        rows = run_levels({"A": url_a, "B": url_b}, prompts, [(1, 4), (2, 4)], 3, between_rounds=turn)
     names = {url_a.rsplit(":", 1)[1]: "A", url_b.rsplit(":", 1)[1]: "B"}
-    seen = [(names[port], int(length)) for port, length, n in (line.split() for line in log.read_text().splitlines())]
+    lines = [line.split() for line in log.read_text().splitlines()]
+    turns = [(i, level, ids) for i, (word, level, ids) in enumerate(lines) if word == "turn"]
+    # after the warm-up's two requests, each round's turn right before its requests (two, then four)
+    assert turns == [(2, "0", "0"), (5, "0", "1"), (8, "0", "2"), (11, "0", "3"), (14, "1", "0,1"), (19, "1", "2,3")]
+    seen = [(names[port], int(length)) for port, length, n in (line for line in lines if line[0] != "turn")]
     assert seen[:2] == [("A", 1), ("B", 1)]  # the warm-up
     assert seen[2:10] == [("A", 1), ("B", 1), ("B", 2), ("A", 2), ("A", 3), ("B", 3), ("B", 4), ("A", 4)]
     rounds = [sorted(seen[i : i + 2]) for i in range(10, 18, 2)]  # concurrency 2: a round's pair is concurrent
