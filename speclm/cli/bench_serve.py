@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import shlex
 import sys
@@ -76,7 +77,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.compare_inprocess:  # on this thread, which loaded the model, as the server's engine runs
             served_llms[label] = llm if spec is None else llm.with_spec(method, args.k, not args.no_adaptive)
     runs = {label: InProcessRuns(served, args.max_tokens) for label, served in served_llms.items()}
-    turns = iter(range(1 << 30))
+    turns = itertools.count()
 
     def in_process_turn(_level: int, ids: list[int]) -> None:
         """At concurrency 1, the in-process engines run the round's request first, their order rotating,
