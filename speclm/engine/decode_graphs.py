@@ -7,7 +7,9 @@ transfer. A bucket's pass (layers, head) is captured in a CUDA graph on its firs
 one warm-up pass, and replayed after that: one launch instead of a few hundred, and no host
 synchronisation until each row's argmax is read (the pass ends with it: a greedy step copies no logits).
 Padded rows write their keys to a scratch slot (a block the block manager never hands out) and read one
-key, so they never change a real row.
+key, so they never change a real row. A step whose rows are all at most SHORT_TABLE keys long replays a
+graph over that much of the slot table (the attention kernel then takes its single pass, not split-K's
+two launches); a row's bits are the same either way.
 
 The same layout runs without capture on any device (mode "eager"): the CPU tests check it against the
 eager path, so on a GPU only the capture and the replay are new. Other steps (prompts, mixed steps, rows
@@ -33,6 +35,9 @@ log = logging.getLogger(__name__)
 BUCKETS = (BATCH_INVARIANT_ROWS, 2 * BATCH_INVARIANT_ROWS)
 MAX_ROWS = BUCKETS[-1]
 FIELDS = 5  # tokens, positions, write slots, lengths, table rows
+# The table columns of a short step's graph: one split-K partition of the GPU attention kernel
+# (triton_attention.PARTITION_KEYS), within which its single pass and split-K compute the same bits.
+SHORT_TABLE = 256
 
 
 @dataclass
@@ -110,7 +115,7 @@ class DecodeGraphs:
         size = FIELDS * MAX_ROWS + MAX_ROWS * self.width
         self.staging = torch.empty(size, dtype=torch.long, device=device) if device.type == "cuda" else None
         self.host = torch.empty(size, dtype=torch.long, pin_memory=device.type == "cuda")
-        self.graphs: dict[int, Captured] = {}
+        self.graphs: dict[tuple[int, int], Captured] = {}  # by (bucket, table columns)
         self.steps = 0  # steps run from the static buffers (the tests and the benchmark read these)
         self.captures = 0
         self.failed: str | None = None  # why capturing failed once (the runner then stays eager)
@@ -126,10 +131,11 @@ class DecodeGraphs:
             return None
         self.model.reserve_positions(rows.max_position + 1)  # (a grown table moves: its graphs are captured again)
         self._load(rows)
+        columns = self.columns(rows)
         if self.mode == "eager":
-            hidden, logits, argmax = self._pass(cache, rows.bucket, rows.max_position)
+            hidden, logits, argmax = self._pass(cache, rows.bucket, columns, rows.max_position)
         else:
-            captured = self._graph(cache, rows.bucket, rows.max_position)
+            captured = self._graph(cache, rows.bucket, columns, rows.max_position)
             if captured is None:
                 return None
             captured.graph.replay()
@@ -140,6 +146,10 @@ class DecodeGraphs:
         # (copied out of the graph's buffers, which the next replay rewrites) until a read needs them.
         return logits[:n].clone(), hidden[:n].clone(), argmax[:n].cpu()
 
+    def columns(self, rows: StepRows) -> int:
+        """The slot table's columns the step's pass reads: SHORT_TABLE when its rows fit, else all."""
+        return SHORT_TABLE if rows.width <= SHORT_TABLE < self.width else self.width
+
     def _load(self, rows: StepRows) -> None:
         """The step's rows into the fixed buffers: one host-to-device copy, then two on the device."""
         b, t, w, size = rows.bucket, rows.table_count, rows.width, len(rows.flat)
@@ -149,30 +159,33 @@ class DecodeGraphs:
         self.vectors[:, :b].copy_(source[: FIELDS * b].view(FIELDS, b))
         self.table[:t, :w].copy_(source[FIELDS * b :].view(t, w))
 
-    def _pass(self, cache, bucket: int, max_position: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The forward, the head and each row's argmax (greedy choice) over the first `bucket` rows."""
+    def _pass(
+        self, cache, bucket: int, columns: int, max_position: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The forward, the head and each row's argmax (greedy choice) over the first `bucket` rows, their
+        keys in the table's first `columns` columns."""
         v = self.vectors[:, :bucket]
-        meta = StaticRowsMetadata(v[2], v[3], self.table[:bucket], v[4], max_position)
+        meta = StaticRowsMetadata(v[2], v[3], self.table[:bucket, :columns], v[4], max_position)
         hidden = self.model(v[0], v[1], cache, meta)
         logits = self.model.device_logits(hidden)
         return hidden, logits, logits.argmax(-1)
 
-    def _graph(self, cache, bucket: int, max_position: int) -> Captured | None:
-        """The bucket's graph, captured now if it is new (or its rotary table moved)."""
-        captured = self.graphs.get(bucket)
+    def _graph(self, cache, bucket: int, columns: int, max_position: int) -> Captured | None:
+        """The graph of the bucket and table columns, captured now if it is new (or its rotary table moved)."""
+        captured = self.graphs.get((bucket, columns))
         if captured is not None and captured.rotary == self.model.rotary.cos_table.data_ptr():
             return captured
         try:
-            captured = self._capture(cache, bucket, max_position)
+            captured = self._capture(cache, bucket, columns, max_position)
         except Exception as e:  # (the eager path computes the same rows; say so once and stay there)
             self.failed = f"{type(e).__name__}: {e}"
             log.warning("speclm: capturing a CUDA graph failed; decoding stays eager: %s", self.failed)
             return None
-        self.graphs[bucket] = captured
+        self.graphs[bucket, columns] = captured
         self.captures += 1
         return captured
 
-    def _capture(self, cache, bucket: int, max_position: int) -> Captured:
+    def _capture(self, cache, bucket: int, columns: int, max_position: int) -> Captured:
         """Warm up on a side stream (Triton compiles, cuBLAS picks and allocates outside the capture), then
         capture the pass. Its inputs are the step's own rows: the warm-up writes the same keys the replay does.
         (max_position only lets the rotary lookup skip its read-back; the tables already cover it.)"""
@@ -180,10 +193,10 @@ class DecodeGraphs:
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            self._pass(cache, bucket, max_position)
+            self._pass(cache, bucket, columns, max_position)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: another thread's CUDA calls (a server's) neither break this capture nor get captured
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            hidden, logits, argmax = self._pass(cache, bucket, max_position)
+            hidden, logits, argmax = self._pass(cache, bucket, columns, max_position)
         return Captured(graph, hidden, logits, argmax, self.model.rotary.cos_table.data_ptr())

@@ -286,7 +286,9 @@ def paged_attention(
         DIM_PAD=dim_pad,
     )
     blocks = dict(BLOCK_N=64 if use_dot else 32, USE_DOT=use_dot, num_warps=4)
-    table, lengths, table_rows = table.contiguous(), lengths.contiguous(), table_rows.contiguous()
+    # (the table's rows may be a prefix of wider rows: a short CUDA-graph step's; the kernels take its row stride)
+    table = table if table.stride(-1) == 1 else table.contiguous()
+    lengths, table_rows = lengths.contiguous(), table_rows.contiguous()
     window = NO_WINDOW if window is None else window
     kv_strides = (keys.stride(0), keys.stride(1), values.stride(0), values.stride(1))
     if partition <= 0 or table.shape[1] <= partition:

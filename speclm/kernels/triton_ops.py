@@ -1,8 +1,9 @@
-"""A decoder layer's small GPU ops in Triton: RMSNorm, the SwiGLU product, and the rotary embedding fused
-with the KV-cache write (imported only for CUDA tensors, or by tests under TRITON_INTERPRET=1). One launch
-each where torch takes several (a decode step is launch-bound), and one program per row with a fixed
-reduction order: a row's result never depends on how many rows share the call (torch's reductions pick
-their split by shape), which batch-invariant decoding and CUDA-graph steps rely on."""
+"""A decoder layer's small GPU ops in Triton: RMSNorm (alone, or after the residual add), the SwiGLU
+product, and the rotary embedding fused with the KV-cache write (imported only for CUDA tensors, or by
+tests under TRITON_INTERPRET=1). One launch each where torch takes several (a decode step is
+launch-bound), and one program per row with a fixed reduction order: a row's result never depends on how
+many rows share the call (torch's reductions pick their split by shape), which batch-invariant decoding and
+CUDA-graph steps rely on."""
 
 from __future__ import annotations
 
@@ -14,19 +15,29 @@ import triton.language as tl
 @triton.jit
 def _rms_norm_kernel(
     x_ptr,  # [rows, cols]
+    d_ptr,  # [rows, cols]: added to x first when ADD (the residual's new branch), else unused
+    sum_ptr,  # [rows, cols]: x + d, rounded to its dtype, when ADD
     w_ptr,  # [cols]
     out_ptr,  # [rows, cols] in the weight's dtype
     stride_x,
+    stride_d,
+    stride_sum,
     stride_out,
     cols,
     eps,
     BLOCK: tl.constexpr,
     WEIGHT_FP32: tl.constexpr,
+    ADD: tl.constexpr,
 ):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     ok = offs < cols
-    x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0)
+    if ADD:  # as torch adds: in fp32, rounded to the sum's dtype; the norm then reads the rounded sum
+        d = tl.load(d_ptr + row * stride_d + offs, mask=ok, other=0.0)
+        x = (x.to(tl.float32) + d.to(tl.float32)).to(sum_ptr.dtype.element_ty)
+        tl.store(sum_ptr + row * stride_sum + offs, x, mask=ok)
+    x = x.to(tl.float32)
     scale = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / cols + eps)
     w = tl.load(w_ptr + offs, mask=ok, other=0.0)
     if WEIGHT_FP32:
@@ -39,16 +50,36 @@ def _rms_norm_kernel(
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """speclm.models.layers.rms_norm for x [rows, cols] (any float dtype, unit stride in cols): fp32
     arithmetic, the result in the weight's dtype."""
+    return _norm(x, None, weight, eps)[1]
+
+
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, rms_norm(x + delta)) in one launch, each bit for bit what the two ops give (the residual
+    stream's add and the next norm). x, delta [rows, cols], unit stride in cols; the sum in their promoted dtype."""
+    assert delta.shape == x.shape and delta.stride(-1) == 1
+    return _norm(x, delta, weight, eps)
+
+
+def _norm(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor | None, torch.Tensor]:
     rows, cols = x.shape
     assert x.stride(-1) == 1 and weight.is_contiguous() and weight.shape == (cols,)
     out = torch.empty((rows, cols), dtype=weight.dtype, device=x.device)
+    total = None
+    if delta is not None:
+        total = torch.empty((rows, cols), dtype=torch.result_type(x, delta), device=x.device)
     if rows:
         block = triton.next_power_of_2(cols)
+        d, t = (x, x) if delta is None else (delta, total)  # (unused pointers without the add)
         _rms_norm_kernel[(rows,)](
-            x, weight, out, x.stride(0), out.stride(0), cols, eps,
-            BLOCK=block, WEIGHT_FP32=weight.dtype == torch.float32, num_warps=min(16, max(1, block // 256)),
+            x, d, t, weight, out, x.stride(0), d.stride(0), t.stride(0), out.stride(0), cols, eps,
+            BLOCK=block, WEIGHT_FP32=weight.dtype == torch.float32, ADD=delta is not None,
+            num_warps=min(16, max(1, block // 256)),
         )  # fmt: skip
-    return out
+    return total, out
 
 
 @triton.jit

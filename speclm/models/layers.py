@@ -3,8 +3,6 @@ training and calibration see) and as LayerOps, plain callables over the same ten
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -49,9 +47,33 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
 
-    def op(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """forward as a closure over this norm's weight (see LayerOps)."""
-        return functools.partial(rms_norm, weight=self.weight, eps=self.eps)
+    def op(self) -> NormOp:
+        """forward as a callable over this norm's weight (see LayerOps)."""
+        return NormOp(self.weight, self.eps)
+
+
+class NormOp:
+    """RMSNorm's lean op: rms_norm over one weight, without the module (add_norm reads weight and eps)."""
+
+    __slots__ = ("weight", "eps")
+
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+        self.weight, self.eps = weight, eps
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def add_norm(x: torch.Tensor, delta: torch.Tensor, norm: RMSNorm | NormOp | None):
+    """(x + delta, norm(x + delta)): the residual stream's add and the norm after it (None: no norm). On a GPU,
+    without gradients, one Triton launch computes both, bit for bit what the two ops give."""
+    if norm is not None and x.is_cuda and x.dim() == 2 and x.stride(-1) == 1 and delta.stride(-1) == 1:
+        if not (torch.is_grad_enabled() and (x.requires_grad or delta.requires_grad or norm.weight.requires_grad)):
+            from speclm.kernels.triton_ops import add_rms_norm
+
+            return add_rms_norm(x, delta, norm.weight, norm.eps)
+    x = x + delta
+    return x, None if norm is None else norm(x)
 
 
 def swiglu(x: torch.Tensor, gate_up_proj: TensorFn, down_proj: TensorFn, intermediate_size: int) -> torch.Tensor:
@@ -94,10 +116,19 @@ def decoder_layer(
     x, k: LayerOps, cos, sin, k_cache, v_cache, meta: AttentionMetadata | PagedAttentionMetadata
 ) -> torch.Tensor:
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
-    x = x + self_attention(
-        k.input_norm(x), k.qkv_proj, k.o_proj, k.num_heads, k.num_kv_heads, k.head_dim, cos, sin, k_cache, v_cache, meta
+    return residual_layer(x, k.input_norm(x), k, None, cos, sin, k_cache, v_cache, meta)[0]
+
+
+def residual_layer(
+    x, normed, k: LayerOps, next_norm, cos, sin, k_cache, v_cache, meta: AttentionMetadata | PagedAttentionMetadata
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """decoder_layer from x and its input norm `normed`: (the layer's output, next_norm of it: the next
+    layer's input norm, or the final norm). Each residual add runs with the norm after it (add_norm)."""
+    attn = self_attention(
+        normed, k.qkv_proj, k.o_proj, k.num_heads, k.num_kv_heads, k.head_dim, cos, sin, k_cache, v_cache, meta
     )
-    return x + swiglu(k.post_attention_norm(x), k.gate_up_proj, k.down_proj, k.intermediate_size)
+    x, normed = add_norm(x, attn, k.post_attention_norm)
+    return add_norm(x, swiglu(normed, k.gate_up_proj, k.down_proj, k.intermediate_size), next_norm)
 
 
 class Attention(nn.Module):

@@ -10,7 +10,7 @@ from torch import nn
 from speclm.kv.cache import KVCache
 from speclm.models.attention import AttentionMetadata, PagedAttentionMetadata, TensorFn
 from speclm.models.config import ModelConfig
-from speclm.models.layers import DecoderLayer, LayerOps, RMSNorm, decoder_layer
+from speclm.models.layers import DecoderLayer, LayerOps, RMSNorm, decoder_layer, residual_layer
 from speclm.models.linear import Linear, linear_op, row_chunked
 from speclm.models.native_decoder import native_decoder, native_rows
 from speclm.models.rope import RotaryEmbedding
@@ -130,18 +130,26 @@ class LlamaModel(nn.Module):
             count = num_layers or len(self.layers)
             x = native.run(x, cos, sin, cache.keys, cache.values, slots, decode.lengths, table, table_rows, count)
             return self.norm(x)
-        for i in range(num_layers or len(self.layers)):
+        count = num_layers or len(self.layers)
+        # Llama-family layers as ops carry their output's norm along: each residual add runs with the norm
+        # after it (one GPU launch; add_norm), the last one with the final norm.
+        carried = ops is not None and all(type(k) is LayerOps for k in ops)
+        normed = ops[0].input_norm(x) if carried else None
+        for i in range(count):
             k_cache, v_cache = cache.layer(i)
             is_local = self.config.is_local(i)
             c, s = local if local is not None and is_local else (cos, sin)
             m = meta.local if is_local and meta.local is not None else meta  # (a pool of their own)
-            if ops is None:
+            if carried:
+                next_norm = ops[i + 1].input_norm if i + 1 < count else self.norm
+                x, normed = residual_layer(x, normed, ops[i], next_norm, c, s, k_cache, v_cache, m)
+            elif ops is None:
                 x = self.layers[i](x, c, s, k_cache, v_cache, m)
             elif type(ops[i]) is VariantOps:
                 x = variant_layer(x, ops[i], c, s, k_cache, v_cache, m)
             else:
                 x = decoder_layer(x, ops[i], c, s, k_cache, v_cache, m)
-        return self.norm(x)
+        return normed if carried else self.norm(x)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, indices: torch.Tensor | list[int] | None = None) -> torch.Tensor:

@@ -78,6 +78,20 @@ def test_triton_norm_and_swiglu_match_torch_and_keep_rows_independent(dtype):
     assert torch.equal(silu_mul(gate_up[7:8]), got[7:8])
 
 
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_fused_residual_add_and_norm_give_the_two_ops_bits(x_dtype):
+    from speclm.kernels.triton_ops import add_rms_norm, rms_norm
+
+    g = torch.Generator().manual_seed(0)
+    x, delta = ((3 * torch.randn(33, 1536, generator=g)).to(x_dtype).to(DEVICE) for _ in range(2))
+    for w_dtype in (torch.float32, torch.bfloat16):
+        w = torch.randn(1536, generator=g).to(w_dtype).to(DEVICE)
+        total, normed = add_rms_norm(x, delta, w, 1e-6)
+        assert torch.equal(total, x + delta) and total.dtype == x_dtype
+        assert torch.equal(normed, rms_norm(x + delta, w, 1e-6))
+        assert torch.equal(add_rms_norm(x[5:6], delta[5:6], w, 1e-6)[1], normed[5:6])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_rope_write_matches_the_unfused_ops(dtype):
     from speclm.kernels.triton_ops import rope_write

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from speclm import SamplingParams
-from speclm.engine.decode_graphs import BUCKETS
+from speclm.engine.decode_graphs import BUCKETS, SHORT_TABLE
 from speclm.engine.model_runner import ModelRunner
 from speclm.models.attention import BatchEntry
 from tests.conftest import STORIES_MODEL, STORIES_TOKENIZER
@@ -42,14 +42,18 @@ def test_graph_steps_return_the_eager_logits_bit_for_bit(precision, stories_gpu_
     cache, runner = llm.engine.cache, llm.runner
     eager = ModelRunner(llm.model, decode_graphs="off")
     steps = [decode_entries(1), decode_entries(3), entries(), decode_entries(40), decode_entries(1, start=20)]
-    for step in steps * 2:  # first a bucket's capture, then its replay
+    # rows past SHORT_TABLE keys: graphs over the whole table (split-K attention)
+    steps += [decode_entries(1, start=SHORT_TABLE + 30), decode_entries(2) + decode_entries(1, start=SHORT_TABLE + 30)]
+    for step in steps * 2:  # first a graph's capture, then its replay
         logits, hidden, _ = runner.forward_batch(cache, step)
         expected, expected_hidden, _ = eager.forward_batch(cache, step)
         assert torch.equal(logits, expected), [len(e.tokens) for e in step]
         assert torch.equal(hidden, expected_hidden)
     graphs = runner.decode_graphs(cache)
     assert graphs.failed is None and graphs.mode == "graph"
-    assert graphs.steps == 2 * len(steps) and set(graphs.graphs) == set(BUCKETS)
+    assert graphs.steps == 2 * len(steps)
+    short, whole = SHORT_TABLE, graphs.width  # (no step of the second bucket has a long row)
+    assert set(graphs.graphs) == {(BUCKETS[0], short), (BUCKETS[1], short), (BUCKETS[0], whole)}
 
 
 def test_a_rows_logits_do_not_depend_on_the_rows_beside_it_in_half_precision(stories_gpu):

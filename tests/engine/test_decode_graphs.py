@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from speclm import SamplingParams
-from speclm.engine.decode_graphs import BUCKETS, FIELDS, MAX_ROWS, step_rows
+from speclm.engine.decode_graphs import BUCKETS, FIELDS, MAX_ROWS, SHORT_TABLE, step_rows
 from speclm.engine.model_runner import ModelRunner
 from speclm.models.attention import BatchEntry, PagedAttentionMetadata
 from speclm.models.linear import row_chunked
@@ -107,13 +107,18 @@ def test_static_step_logits_equal_the_eager_step_bit_for_bit(stories_llm, static
     g = torch.Generator().manual_seed(0)
     cache.keys.copy_(torch.randn(cache.keys.shape, generator=g))
     cache.values.copy_(torch.randn(cache.values.shape, generator=g))
-    steps = [entries(), entries()[:1], entries()[1:2]]
+    # a row longer than SHORT_TABLE keys: the pass reads the whole table
+    long = [BatchEntry(tokens=[5], start=SHORT_TABLE + 40, slots=list(range(100, SHORT_TABLE + 141)), num_logits=1)]
+    steps = [entries(), entries()[:1], entries()[1:2], long, entries() + long]
+    graphs = graphs_of(static_llm)
+    columns = [graphs.columns(step_rows(step, SCRATCH, graphs.width, graphs.positions)) for step in steps]
+    assert columns == [SHORT_TABLE] * 3 + [graphs.width] * 2
     for step in steps:
         out = static_llm.runner.forward(cache, step)
         expected, expected_hidden, _ = eager_runner.forward_batch(cache, step)
         assert torch.equal(out.logits, expected) and torch.equal(out.hidden, expected_hidden)
         assert torch.equal(out.argmax, expected.argmax(-1))  # the greedy choice the static pass takes itself
-    assert graphs_of(static_llm).steps == len(steps)
+    assert graphs.steps == len(steps)
 
 
 PROMPTS = ["Once upon a time", "Tom had a red ball. Tom had a red ball. Tom", "The cat sat on the"]

@@ -1,7 +1,7 @@
-"""The Triton kernels (paged attention, RMSNorm, the SwiGLU product) against their torch references, in
-Triton's interpreter on the CPU (TRITON_INTERPRET=1, in a subprocess so that no other test sees the
-setting). Skipped where Triton is not installed (CI); on a GPU tests/cuda/test_cuda_attention.py runs the
-compiled kernels."""
+"""The Triton kernels (paged attention, RMSNorm alone and after the residual add, the SwiGLU product)
+against their torch references, in Triton's interpreter on the CPU (TRITON_INTERPRET=1, in a subprocess so
+that no other test sees the setting). Skipped where Triton is not installed (CI); on a GPU
+tests/cuda/test_cuda_attention.py runs the compiled kernels."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ SCRIPT = PATCH + textwrap.dedent(
 OPS_SCRIPT = PATCH + textwrap.dedent(
     """
     import torch.nn.functional as F
-    from speclm.kernels.triton_ops import rms_norm, rope_write, silu_mul
+    from speclm.kernels.triton_ops import add_rms_norm, rms_norm, rope_write, silu_mul
     from speclm.models.rope import apply_rope
 
     g = torch.Generator().manual_seed(0)
@@ -75,6 +75,9 @@ OPS_SCRIPT = PATCH + textwrap.dedent(
         err = ((got.float() - expected.float()).abs() / (1 + expected.float().abs())).max().item()
         assert err <= tol, (cols, x_dtype, w_dtype, err)
         assert torch.equal(rms_norm(x[2:3], w, 1e-6), got[2:3])  # a row alone: the same bits
+        delta = torch.randn(5, cols, generator=g).to(x_dtype)
+        total, normed = add_rms_norm(x, delta, w, 1e-6)  # the residual add fused: the two ops' bits
+        assert torch.equal(total, x + delta) and torch.equal(normed, rms_norm(x + delta, w, 1e-6))
     for cols, dtype in [(8, torch.float32), (1500, torch.float32), (2100, torch.float16)]:
         gate_up = (2 * torch.randn(3, 2 * cols, generator=g)).to(dtype)
         gate, up = gate_up.float().split(cols, dim=-1)
