@@ -43,14 +43,24 @@ SHORT_TABLE = 256
 @dataclass
 class StepRows:
     """One step's rows on the host, padded to `bucket` rows: FIELDS vectors, then the slot table's real
-    rows (`table_count` of them, `width` wide), flat."""
+    rows (`table_count` of them, each padded to `padded` entries), flat."""
 
     num_rows: int
     bucket: int
     table_count: int
-    width: int  # the table's columns this step (its longest row)
+    width: int  # the step's longest table row
+    columns: int  # the table columns its pass reads: SHORT_TABLE when its rows fit, else the whole table's
     max_position: int
-    flat: list[int]  # FIELDS * bucket vector values, then table_count * width table entries
+    flat: list[int]  # FIELDS * bucket vector values, then table_count * padded table entries
+
+    @property
+    def short(self) -> bool:
+        """Whether the pass reads the short table: then `flat` is its inputs' layout (rows padded to columns)."""
+        return self.columns == SHORT_TABLE
+
+    @property
+    def padded(self) -> int:
+        return self.columns if self.short else self.width
 
 
 def step_rows(entries: list[BatchEntry], scratch: int, max_width: int, max_positions: int) -> StepRows | None:
@@ -86,9 +96,11 @@ def step_rows(entries: list[BatchEntry], scratch: int, max_width: int, max_posit
     # slot would do, its result is dropped), so table rows past the real ones are never read.
     padding = [[0] * pad, [0] * pad, [scratch] * pad, [1] * pad, [0] * pad]
     flat = [x for v, p in zip(vectors, padding) for x in v + p]
+    columns = SHORT_TABLE if width <= SHORT_TABLE < max_width else max_width
+    rows = StepRows(n, bucket, len(table), width, columns, max(positions), flat)
     for t in table:
-        flat += t + [scratch] * (width - len(t))
-    return StepRows(n, bucket, len(table), width, max(positions), flat)
+        flat += t + [scratch] * (rows.padded - len(t))
+    return rows
 
 
 @dataclass
@@ -110,11 +122,16 @@ class DecodeGraphs:
         device = model.device
         self.positions = model.config.max_position_embeddings  # positions a pass may hold
         self.width = min(pool_slots, self.positions)  # a sequence's slots at most
+        # A short step's inputs: its vectors [FIELDS, bucket] then its table [bucket, SHORT_TABLE], both
+        # contiguous, so one copy from the host fills them. A long step's: the whole table's buffers below,
+        # filled from a device copy of its rows (the table is too wide to copy whole).
+        self.short = torch.full((FIELDS * MAX_ROWS + MAX_ROWS * SHORT_TABLE,), scratch, dtype=torch.long, device=device)
         self.vectors = torch.zeros(FIELDS, MAX_ROWS, dtype=torch.long, device=device)
         self.table = torch.full((MAX_ROWS, self.width), scratch, dtype=torch.long, device=device)
         size = FIELDS * MAX_ROWS + MAX_ROWS * self.width
         self.staging = torch.empty(size, dtype=torch.long, device=device) if device.type == "cuda" else None
         self.host = torch.empty(size, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.host_values = self.host.numpy()  # (filled from a list without a tensor in between)
         self.graphs: dict[tuple[int, int], Captured] = {}  # by (bucket, table columns)
         self.steps = 0  # steps run from the static buffers (the tests and the benchmark read these)
         self.captures = 0
@@ -131,11 +148,10 @@ class DecodeGraphs:
             return None
         self.model.reserve_positions(rows.max_position + 1)  # (a grown table moves: its graphs are captured again)
         self._load(rows)
-        columns = self.columns(rows)
         if self.mode == "eager":
-            hidden, logits, argmax = self._pass(cache, rows.bucket, columns, rows.max_position)
+            hidden, logits, argmax = self._pass(cache, rows.bucket, rows.columns, rows.max_position)
         else:
-            captured = self._graph(cache, rows.bucket, columns, rows.max_position)
+            captured = self._graph(cache, rows.bucket, rows.columns, rows.max_position)
             if captured is None:
                 return None
             captured.graph.replay()
@@ -146,26 +162,34 @@ class DecodeGraphs:
         # (copied out of the graph's buffers, which the next replay rewrites) until a read needs them.
         return logits[:n].clone(), hidden[:n].clone(), argmax[:n].cpu()
 
-    def columns(self, rows: StepRows) -> int:
-        """The slot table's columns the step's pass reads: SHORT_TABLE when its rows fit, else all."""
-        return SHORT_TABLE if rows.width <= SHORT_TABLE < self.width else self.width
-
     def _load(self, rows: StepRows) -> None:
-        """The step's rows into the fixed buffers: one host-to-device copy, then two on the device."""
+        """The step's rows into the fixed buffers: a short step's in one host-to-device copy, a long step's in
+        one, then two on the device."""
         b, t, w, size = rows.bucket, rows.table_count, rows.width, len(rows.flat)
+        self.host_values[:size] = rows.flat
         host = self.host[:size]
-        host.copy_(torch.tensor(rows.flat, dtype=torch.long))
+        if rows.short:  # (the next step's load comes after this step's argmax is read: the copy is done)
+            self.short[:size].copy_(host, non_blocking=True)
+            return
         source = host if self.staging is None else self.staging[:size].copy_(host, non_blocking=True)
         self.vectors[:, :b].copy_(source[: FIELDS * b].view(FIELDS, b))
         self.table[:t, :w].copy_(source[FIELDS * b :].view(t, w))
+
+    def _inputs(self, bucket: int, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The vectors [FIELDS, bucket] and slot table [bucket, columns] a pass reads."""
+        if columns == SHORT_TABLE:
+            head = FIELDS * bucket
+            vectors = self.short[:head].view(FIELDS, bucket)
+            return vectors, self.short[head : head + bucket * SHORT_TABLE].view(bucket, SHORT_TABLE)
+        return self.vectors[:, :bucket], self.table[:bucket, :columns]
 
     def _pass(
         self, cache, bucket: int, columns: int, max_position: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The forward, the head and each row's argmax (greedy choice) over the first `bucket` rows, their
         keys in the table's first `columns` columns."""
-        v = self.vectors[:, :bucket]
-        meta = StaticRowsMetadata(v[2], v[3], self.table[:bucket, :columns], v[4], max_position)
+        v, table = self._inputs(bucket, columns)
+        meta = StaticRowsMetadata(v[2], v[3], table, v[4], max_position)
         hidden = self.model(v[0], v[1], cache, meta)
         logits = self.model.device_logits(hidden)
         return hidden, logits, logits.argmax(-1)

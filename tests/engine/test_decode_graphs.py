@@ -33,10 +33,10 @@ def entries() -> list[BatchEntry]:
 
 
 def unpack(rows):
-    b, w = rows.bucket, rows.width
+    b = rows.bucket
     flat = torch.tensor(rows.flat)
     vectors = flat[: FIELDS * b].view(FIELDS, b)
-    return vectors, flat[FIELDS * b :].view(rows.table_count, w)
+    return vectors, flat[FIELDS * b :].view(rows.table_count, rows.padded)
 
 
 def test_static_rows_read_the_slots_the_eager_rows_read():
@@ -56,6 +56,14 @@ def test_static_rows_read_the_slots_the_eager_rows_read():
     assert set(tokens[7:].tolist()) == {0} and set(lengths[7:].tolist()) == {1}
     assert set(writes[7:].tolist()) == {SCRATCH} and set(table_rows[7:].tolist()) == {0}
     assert rows.table_count == 5  # the decode row's, the chain's, and one per tree row
+    # with a table wider than SHORT_TABLE the rows are laid out as the short pass reads them: padded to it
+    short = step_rows(entries(), SCRATCH, 4 * SHORT_TABLE, 100)
+    assert short.short and short.padded == SHORT_TABLE and len(short.flat) == FIELDS * short.bucket + 5 * SHORT_TABLE
+    short_vectors, short_table = unpack(short)
+    assert torch.equal(short_vectors, torch.stack([tokens, positions, writes, lengths, table_rows]))
+    assert torch.equal(short_table[:, : rows.width], table) and set(short_table[:, rows.width :].tolist()[0]) == {
+        SCRATCH
+    }
 
 
 def test_static_rows_refuse_what_the_eager_path_must_run():
@@ -111,7 +119,7 @@ def test_static_step_logits_equal_the_eager_step_bit_for_bit(stories_llm, static
     long = [BatchEntry(tokens=[5], start=SHORT_TABLE + 40, slots=list(range(100, SHORT_TABLE + 141)), num_logits=1)]
     steps = [entries(), entries()[:1], entries()[1:2], long, entries() + long]
     graphs = graphs_of(static_llm)
-    columns = [graphs.columns(step_rows(step, SCRATCH, graphs.width, graphs.positions)) for step in steps]
+    columns = [step_rows(step, SCRATCH, graphs.width, graphs.positions).columns for step in steps]
     assert columns == [SHORT_TABLE] * 3 + [graphs.width] * 2
     for step in steps:
         out = static_llm.runner.forward(cache, step)
