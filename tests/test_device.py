@@ -77,3 +77,25 @@ def test_gpu_options_from_the_command_line_and_their_stage_line_words():
     assert options == {"cuda_graphs": False, "batch_invariant": False}
     assert words == ", cuda graphs off, batch invariant off"
     assert gpu_options(defaults, torch.device("cuda", 0))[1] == ", cuda graphs on, batch invariant on"
+
+
+def test_column_major_weights_keep_every_linears_values_and_the_tied_head():
+    """A GPU model's linear weights are stored transposed (cuBLAS's faster kernels for decoding's few rows):
+    the same values and products, the tied head still the embedding table."""
+    from speclm.models.config import ModelConfig
+    from speclm.models.device import column_major_weights
+    from speclm.models.llama import LlamaModel
+
+    torch.manual_seed(0)
+    config = ModelConfig("llama", 64, 16, 32, num_layers=2, num_heads=4, num_kv_heads=2, tie_word_embeddings=True)
+    model = LlamaModel(config)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    before = [m.weight.detach().clone() for m in linears]
+    x = torch.randn(3, 32)
+    products = [torch.nn.functional.linear(x[:, : m.in_features], m.weight) for m in linears]
+    column_major_weights(model)
+    for m, w, y in zip(linears, before, products):
+        assert torch.equal(m.weight, w) and m.weight.stride() == (1, m.out_features)
+        torch.testing.assert_close(torch.nn.functional.linear(x[:, : m.in_features], m.weight), y)
+    assert model.lm_head.weight is model.embed_tokens.weight
+    assert torch.equal(model.embed_tokens(torch.tensor([3, 5])), before[-1][[3, 5]])

@@ -1,10 +1,9 @@
 """Where a batch-1 decode step's time goes on a GPU, host and device side by side, and what decoding would
 reach if the host's part were hidden: a diagnostic beside bench_cuda.py (same random Qwen2.5-1.5B model).
 
-For each variant (before: every graph over the whole slot table, so split-K attention, and the residual add
-apart from the norm; short_table or fused_norm: one of the two changes; engine: the code as it is; transposed:
-the engine with the weights stored transposed for the GEMMs) it runs 64 greedy decode steps through
-LLM.generate and reports medians of:
+For each variant (before: every graph over the whole slot table, so split-K attention, the residual add apart
+from the norm, and row-major weights, as main was at 2f5dff1; no_column_major: the engine but for the weights'
+layout; engine: the code as it is) it runs 64 greedy decode steps through LLM.generate and reports medians of:
   step      the engine's whole step (schedule, run, process)
   rows      laying out the step's rows on the host (step_rows)
   load      copying them into the fixed buffers (host time of the calls)
@@ -53,10 +52,10 @@ def timed_run(graphs, samples: list[dict]):
         graphs._load(rows)
         t2 = time.perf_counter()
         if graphs.mode == "eager":
-            hidden, logits, argmax = graphs._pass(cache, rows.bucket, graphs.columns(rows), rows.max_position)
+            hidden, logits, argmax = graphs._pass(cache, rows.bucket, rows.columns, rows.max_position)
             events = None
         else:
-            captured = graphs._graph(cache, rows.bucket, graphs.columns(rows), rows.max_position)
+            captured = graphs._graph(cache, rows.bucket, rows.columns, rows.max_position)
             if captured is None:
                 return None
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
@@ -127,9 +126,10 @@ def chained(llm, prompt: list[int], read_back: bool) -> float | None:
         return None
     bucket, columns = min(graphs.graphs)  # (the smallest bucket over the short table)
     captured = graphs.graphs[bucket, columns]
-    v, start = graphs.vectors, len(prompt)
+    v, table = graphs._inputs(bucket, columns)
+    start = len(prompt)
     # Row 0 reads pool slots 0.. (free after the generate calls: nothing else uses them) as a fresh sequence.
-    graphs.table[0, : start + STEPS + 1] = torch.arange(start + STEPS + 1, device=v.device)
+    table[0, : start + STEPS + 1] = torch.arange(start + STEPS + 1, device=v.device)
     v[:, :bucket] = 0
     v[2, :bucket], v[3, :bucket] = graphs.scratch, 1
     v[0, 0], v[1, 0], v[2, 0], v[3, 0], v[4, 0] = prompt[-1], start - 1, start - 1, start, 0
@@ -147,24 +147,15 @@ def chained(llm, prompt: list[int], read_back: bool) -> float | None:
     return 1e3 * (time.perf_counter() - t0) / STEPS
 
 
-def transposed_ops(model) -> None:
-    """Every projection and the head as x @ W^T with W^T stored [in, out] (cuBLAS's other layout), row-chunked
-    like the engine's (a probe: the weights are copied, the model keeps its own)."""
-    from speclm.models.linear import BATCH_INVARIANT_ROWS, row_chunked
-    from speclm.models.llama import PROJECTIONS
+def row_major(model, on: bool) -> None:
+    """Every linear weight stored row-major ([out, in] contiguous, as before column_major_weights), or back."""
+    from speclm.models.device import column_major_weights
 
-    def op(linear):
-        wt, bias = linear.weight.detach().t().contiguous(), linear.bias
-        product = (lambda x: x @ wt) if bias is None else (lambda x: torch.addmm(bias, x, wt))
-        return row_chunked(product, BATCH_INVARIANT_ROWS)
-
-    ops = []
-    for layer, lean in zip(model.layers, model.lean_ops):
-        mods = {"qkv_proj": layer.self_attn.qkv_proj, "o_proj": layer.self_attn.o_proj}
-        mods.update(gate_up_proj=layer.mlp.gate_up_proj, down_proj=layer.mlp.down_proj)
-        ops.append(lean._replace(**{f: op(mods[f]) for f in PROJECTIONS}))
-    model.lean_ops = ops
-    model.head_op = op(model.lm_head)
+    if not on:
+        return column_major_weights(model)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.weight.data = module.weight.data.contiguous()
 
 
 def main() -> int:
@@ -172,7 +163,7 @@ def main() -> int:
     parser.add_argument("--out", default="/tmp/step_timeline")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (a smoke run)")
-    parser.add_argument("--variants", default="before,short_table,fused_norm,engine,transposed,engine")
+    parser.add_argument("--variants", default="before,no_column_major,engine,before,engine")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     from speclm.engine import decode_graphs
@@ -196,12 +187,13 @@ def main() -> int:
         return x, None if norm is None else norm(x)
 
     for variant in args.variants.split(","):
-        # before: every graph over the whole slot table (split-K attention) and the residual add unfused
-        decode_graphs.SHORT_TABLE = short if variant in ("short_table", "engine", "transposed") else 0
-        layers.add_norm = fused if variant in ("fused_norm", "engine", "transposed") else unfused
+        # before: as main was at 2f5dff1 (every graph over the whole slot table, so split-K attention; the
+        # residual add apart from the norm; row-major weights); no_column_major: the engine but for the weights
+        decode_graphs.SHORT_TABLE = 0 if variant == "before" else short
+        layers.add_norm = unfused if variant == "before" else fused
+        if device.type == "cuda":  # (the CPU's dense kernel reads row-major weights)
+            row_major(model, variant in ("before", "no_column_major"))
         llm = llm_from_model(model, tokenizer, decode_graphs=mode)
-        if variant == "transposed":
-            transposed_ops(model)
         try:
             row = timeline(llm, prompt)
             row["chained_ms"] = chained(llm, prompt, read_back=False)

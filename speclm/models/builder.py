@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from speclm.config import WeightFormat
 from speclm.models.checkpoint import Checkpoint, ModelLoadError, format_advice
-from speclm.models.device import gpu_dtype
+from speclm.models.device import column_major_weights, gpu_dtype
 from speclm.models.gguf_weights import PackArena, native_kernels
 from speclm.models.layer_sources import FloatSource, NativeSource
 from speclm.models.layers import RMSNorm
@@ -70,6 +70,7 @@ def _build_on_gpu(checkpoint: Checkpoint, fmt: WeightFormat, device: torch.devic
         raise ValueError(f"--weights {fmt.label} runs on the CPU only; on {device} use one of {', '.join(GPU_FORMATS)}")
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(fmt.name) or gpu_dtype(device)
     model = _build(checkpoint, FloatSource(checkpoint, WeightFormat("fp32"), dtype, device), dtype, device)
+    column_major_weights(model)
     return model.eval()
 
 

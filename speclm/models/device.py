@@ -39,3 +39,16 @@ def describe(device: torch.device) -> str:
     if device.type != "cuda":
         return str(device)
     return f"{device} ({torch.cuda.get_device_name(device)})"
+
+
+def column_major_weights(model: torch.nn.Module) -> None:
+    """Store every linear layer's weight [out, in] column-major (its transpose [in, out] contiguous): cuBLAS
+    then runs x @ W^T as a plain product, whose kernels read a decoding step's few rows' weights faster on
+    an H100 than the transposed product's (benchmarks/cuda/step_timeline_h100.md). The values, shapes and
+    every op on them stay the same; a tied head's embedding table is the same tensor."""
+    seen = set()
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(module, torch.nn.Linear) and id(weight) not in seen:
+            seen.add(id(weight))
+            weight.data = weight.data.t().contiguous().t()
