@@ -14,20 +14,26 @@ from speclm.sample.sampler import processed_probs
 from speclm.sampling_params import SamplingParams
 
 
-def exact_pairs(llm: LLM, prompt_ids: list[int], params: SamplingParams) -> dict[tuple[int, int], float]:
-    """P(t1, t2) under the processed distribution, over its support (top-k keeps it small)."""
+def exact_sequences(llm: LLM, prompt_ids: list[int], params: SamplingParams, length: int = 2) -> dict[tuple, float]:
+    """P(t1, ..., t_length) under the processed distribution, over its support (top-k keeps it small)."""
     model, n = llm.model, len(prompt_ids)
+    out: dict[tuple, float] = {}
     with torch.inference_mode():
-        cache = model.new_cache(n + 1)
+        cache = model.new_cache(n + length)
         hidden = model(torch.tensor(prompt_ids), torch.arange(n), cache, AttentionMetadata(0, n))
-        p1 = processed_probs(model.compute_logits(hidden[-1:]), params)[0].double()
-        pairs = {}
-        for t1 in torch.nonzero(p1).flatten().tolist():
-            h = model(torch.tensor([t1]), torch.tensor([n]), cache, AttentionMetadata(n, 1))
-            p2 = processed_probs(model.compute_logits(h), params)[0].double()
-            for t2 in torch.nonzero(p2).flatten().tolist():
-                pairs[(t1, t2)] = float(p1[t1] * p2[t2])
-    return pairs
+
+        def walk(prefix: tuple, p: float, logits: torch.Tensor) -> None:
+            probs = processed_probs(logits, params)[0].double()
+            for t in torch.nonzero(probs).flatten().tolist():
+                if len(prefix) + 1 == length:
+                    out[(*prefix, t)] = p * float(probs[t])
+                    continue
+                at = n + len(prefix)  # (the cache past `at` is rewritten by each branch before it is read)
+                h = model(torch.tensor([t]), torch.tensor([at]), cache, AttentionMetadata(at, 1))
+                walk((*prefix, t), p * float(probs[t]), model.compute_logits(h))
+
+        walk((), 1.0, model.compute_logits(hidden[-1:]))
+    return out
 
 
 def g_test(counts: dict, probs: dict, total: int) -> float:

@@ -150,7 +150,6 @@ class Engine:
                 prompt_ids,
                 total,
                 reuse_prefix=not needs_history,
-                hold_last=speculation is not None and self.evictor is None,  # evicting: prompts prefill alike
             )
             eviction = self.evictor.new_sequence(seq) if self.evictor is not None else None
             matcher = None if params.constraint is None else GrammarMatcher(self.grammar_vocab(), params.constraint)

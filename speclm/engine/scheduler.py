@@ -114,7 +114,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_schedulable, budget)
+            n = min(seq.num_uncomputed, budget)
             copies = self.blocks.ensure_slots(seq.seq_id, seq.num_computed, seq.num_computed + n)
             if copies is None:
                 # Out of blocks: recompute the newest running sequence later (maybe this one).
@@ -131,7 +131,7 @@ class Scheduler:
             seq = self.waiting[0]
             if not self.blocks.has(seq.seq_id):
                 seq.num_computed = self.blocks.allocate(seq.seq_id, seq.token_ids, seq.reuse_prefix)
-            n = min(seq.num_schedulable, budget)
+            n = min(seq.num_uncomputed, budget)
             copies = self.blocks.ensure_slots(seq.seq_id, seq.num_computed, seq.num_computed + n)
             if copies is None:
                 self.blocks.free(seq.seq_id)  # give the prefix blocks back; try again next step

@@ -33,9 +33,6 @@ class Sequence:
     num_preemptions: int = 0
     finished: bool = False
     reuse_prefix: bool = True  # False: compute the whole prompt even when cached blocks hold a prefix
-    # True (speculating sequences): the last token to compute is held back from prefill chunks and runs
-    # as a decoding step of its own, with drafts, so even the first generated tokens can be speculated.
-    hold_last: bool = False
     max_cache_tokens: int | None = None  # KV entries it may hold at once, if fewer than max_total_tokens (eviction)
 
     @property
@@ -49,12 +46,6 @@ class Sequence:
     @property
     def num_uncomputed(self) -> int:
         return self.num_tokens - self.num_computed
-
-    @property
-    def num_schedulable(self) -> int:
-        """Tokens that may run in the next step (see hold_last)."""
-        held = self.hold_last and self.num_uncomputed > 1
-        return self.num_uncomputed - held
 
 
 @dataclass

@@ -169,11 +169,11 @@ def test_a_dead_target_replica_fails_its_request_and_new_ones_are_served(deploym
 
 
 def test_sampled_tokens_through_the_services_follow_the_target_distribution(deployment):
-    """G-test of the first two sampled tokens (one drafted by the draft service, one from the target's
-    verification) against the target's own distribution, enumerated; the same counts against a wrong
-    distribution (twice the temperature) are rejected, so the test can tell the two apart."""
+    """G-test of the first three sampled tokens (the prompt pass's draw, then one drafted by the draft service
+    and one from the target's verification) against the target's own distribution, enumerated; the same counts
+    against a wrong distribution (twice the temperature) are rejected, so the test can tell the two apart."""
     from speclm import LLM, SamplingParams
-    from tests.gtest import exact_pairs, g_test
+    from tests.gtest import exact_sequences, g_test
 
     base, launch = deployment
     llm = LLM(STORIES_MODEL, tokenizer=STORIES_TOKENIZER, threads=1)
@@ -182,23 +182,23 @@ def test_sampled_tokens_through_the_services_follow_the_target_distribution(depl
 
     prefix = llm.tokenizer.decode(ids)
 
-    def by_text(pairs: dict) -> dict:  # what the server returns: the text the two tokens add to the prompt's
+    def by_text(sequences: dict) -> dict:  # what the server returns: the text the tokens add to the prompt's
         out: dict = {}
-        for (t1, t2), p in pairs.items():
-            key = llm.tokenizer.decode([*ids, t1, t2])[len(prefix) :]
+        for tokens, p in sequences.items():
+            key = llm.tokenizer.decode([*ids, *tokens])[len(prefix) :]
             out[key] = out.get(key, 0.0) + p
         return out
 
-    exact = by_text(exact_pairs(llm, ids, SamplingParams(temperature=temperature, top_k=top_k)))
-    wrong = by_text(exact_pairs(llm, ids, SamplingParams(temperature=2 * temperature, top_k=top_k)))
+    exact = by_text(exact_sequences(llm, ids, SamplingParams(temperature=temperature, top_k=top_k), 3))
+    wrong = by_text(exact_sequences(llm, ids, SamplingParams(temperature=2 * temperature, top_k=top_k), 3))
     before = draft_stats(launch)["calls"]
     counts: dict = {}
     for seed in range(samples):
-        body = {"prompt": ids, "max_tokens": 2, "temperature": temperature, "top_k": top_k, "seed": seed}
+        body = {"prompt": ids, "max_tokens": 3, "temperature": temperature, "top_k": top_k, "seed": seed}
         response = post(base, {**body, "ignore_eos": True})
         assert response.status_code == 200, response.text
         text = response.json()["choices"][0]["text"]
         counts[text] = counts.get(text, 0) + 1
-    assert draft_stats(launch)["calls"] >= before + samples  # every request drafted its first token
+    assert draft_stats(launch)["calls"] >= before + samples  # every request drafted its second token
     assert g_test(counts, exact, samples) > 1e-3
     assert g_test(counts, wrong, samples) < 1e-3

@@ -36,7 +36,8 @@ def test_tree_speculation_greedy_equals_plain_greedy(llm_and_reference, k):
         out = generate_with_proposer(llm, proposer, ids, PARAMS, k)
         assert ids + out.token_ids == reference[prompt], (k, prompt)
         accepted_deep += sum(a >= 3 for a in proposer.accepted)
-        assert out.stats.decode_tokens == len(out.token_ids)
+        # the first token comes from the prompt's pass (a one-token prompt's pass counts as a decoding step)
+        assert out.stats.decode_tokens == len(out.token_ids) - (len(ids) > 1)
     if k >= 4:
         assert accepted_deep > 0  # deep paths were really accepted
 
