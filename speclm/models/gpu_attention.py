@@ -112,9 +112,8 @@ class GpuBatchPlan:
         row = 0
         for i, (slots, local) in enumerate(sequences):
             n = len(local.lengths)
-            # The row that completes a prompt (it has logits) runs through the kernel: a speculating
-            # sequence holds that token back and runs it as a decode row, and plain decoding must compute
-            # it with the same arithmetic for speculative greedy to equal plain greedy in half precision.
+            # The row that completes a prompt (it has logits) runs through the kernel, as a decoding row
+            # would: the first token's logits come from the arithmetic of every later token's.
             by_sdpa = n - 1 if completes is not None and completes[i] else n
             if prompt_sdpa and local.slots is None and by_sdpa >= PREFILL_SDPA_MIN_ROWS and n == slots.shape[0]:
                 self.prefill.append((row, by_sdpa, slots[:by_sdpa]))
