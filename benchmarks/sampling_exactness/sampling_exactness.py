@@ -3,7 +3,8 @@
 python benchmarks/sampling_exactness/sampling_exactness.py --model T --spec draft:D [--temperature 0.7 --top-k 20]
     [--samples 1500] --out benchmarks/sampling_exactness/NAME
 
-The first two generated tokens of many seeded runs (speculative, K drafts per step) are counted against
+The first two generated tokens of many seeded runs of three (speculative, K drafts per step: the second token is
+verified against drafts, the first comes from the prompt's pass) are counted against
 the target's exact two-token distribution, enumerated over the top-k support with plain forward passes.
 The same counts are also tested against a wrong distribution (the target's at twice the temperature),
 which the test must reject, or it would prove nothing. tests/speculative/test_exactness.py does the same
@@ -39,21 +40,22 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="output path without extension")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))  # tests.gtest: the same G-test as the test suite's
-    from tests.gtest import exact_pairs, g_test
+    from tests.gtest import exact_sequences, g_test
 
     base = LLM(args.model, threads=args.threads)
     llm = base.with_spec(args.spec, num_speculative_tokens=args.k, adaptive=False)
     ids = base.tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k)
-    exact = exact_pairs(base, ids, params)
-    wrong = exact_pairs(base, ids, SamplingParams(temperature=args.temperature * 2, top_k=args.top_k))
+    exact = exact_sequences(base, ids, params, 2)
+    wrong = exact_sequences(base, ids, SamplingParams(temperature=args.temperature * 2, top_k=args.top_k), 2)
     counts: dict[tuple[int, int], int] = {}
     drafted = accepted = 0
     t0 = time.perf_counter()
     for seed in range(args.samples):
-        run = SamplingParams(temperature=args.temperature, top_k=args.top_k, seed=seed, max_tokens=2, ignore_eos=True)
+        # three tokens: the prompt's pass draws the first, the step after it verifies drafts for the second
+        run = SamplingParams(temperature=args.temperature, top_k=args.top_k, seed=seed, max_tokens=3, ignore_eos=True)
         out = llm.generate(ids, run)[0]
-        key = tuple(out.token_ids)
+        key = tuple(out.token_ids[:2])
         counts[key] = counts.get(key, 0) + 1
         drafted += out.stats.drafted_tokens
         accepted += out.stats.accepted_tokens

@@ -48,10 +48,14 @@ def exact_two_token_distribution(llm, prompt_ids: list[int]) -> torch.Tensor:
 def sample_two_tokens(llm, prompt_ids: list[int]) -> torch.Tensor:
     vocab = llm.model.config.vocab_size
     counts = torch.zeros(vocab, vocab, dtype=torch.float64)
-    for seed in range(NUM_SAMPLES):
-        run = SamplingParams(temperature=PARAMS.temperature, seed=seed, max_tokens=2, ignore_eos=True)
-        t1, t2 = llm.generate(prompt_ids, run)[0].token_ids
+    drafted = 0
+    for seed in range(NUM_SAMPLES):  # (three tokens: the step after the prompt's verifies a draft for the second)
+        run = SamplingParams(temperature=PARAMS.temperature, seed=seed, max_tokens=3, ignore_eos=True)
+        out = llm.generate(prompt_ids, run)[0]
+        t1, t2 = out.token_ids[:2]
         counts[t1, t2] += 1
+        drafted += out.stats.drafted_tokens
+    assert drafted > 0 or llm.spec is None
     return counts
 
 

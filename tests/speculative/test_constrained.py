@@ -206,17 +206,20 @@ def test_constrained_sampling_follows_the_masked_target(stories_llm, perturbed_s
     """A G-test of two sampled tokens under a regex, against the masked target's exact distribution
     (passes), and against the unmasked one (the negative control: fails)."""
     constraint = compile_constraint("regex", "[a-z ]+", "c")
-    params = SamplingParams(temperature=1.0, top_k=4, max_tokens=2, ignore_eos=True, constraint=constraint)
+    # (three tokens: the prompt's pass draws the first; the next step verifies a draft for the second)
+    params = SamplingParams(temperature=1.0, top_k=4, max_tokens=3, ignore_eos=True, constraint=constraint)
     draft = f"draft:{perturbed_stories_dir},lookup=off"  # the draft model's masked draws
     llm = stories_llm if spec is None else stories_llm.with_spec(draft, 2, adaptive=False)
     prompt_ids = stories_llm.encode("Once upon a time")
     exact = _exact_masked_pairs(stories_llm, prompt_ids, params, constraint)
     wrong = _exact_masked_pairs(stories_llm, prompt_ids, params, constraint, masked=False)
-    samples, counts = 1500, {}
+    samples, counts, drafted = 1500, {}, 0
     for seed in range(samples):
         out = llm.generate(prompt_ids, SamplingParams(**{**params.__dict__, "seed": seed}))[0]
         key = tuple(out.token_ids[:2])
         counts[key] = counts.get(key, 0) + 1
+        drafted += out.stats.drafted_tokens
+    assert drafted > 0 or spec is None
     assert g_test(counts, exact, samples) > 1e-3
     assert g_test(counts, wrong, samples) < 1e-3
 

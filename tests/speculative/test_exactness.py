@@ -1,6 +1,7 @@
 """Speculative sampling is exact: with a draft that disagrees with the target, the first two generated
-tokens follow the target's own distribution (computed by enumeration), checked with a G-test. The same
-test must reject a deliberately broken verifier (negative control), or it would prove nothing."""
+tokens (the second verified against a draft) follow the target's own distribution (computed by
+enumeration), checked with a G-test. The same test must reject a deliberately broken verifier (negative
+control), or it would prove nothing."""
 
 import dataclasses
 import random
@@ -34,11 +35,16 @@ def exact_two_token_distribution(llm, prompt_ids: list[int], params: SamplingPar
 
 
 def sample_two_tokens(llm, prompt_ids: list[int], params: SamplingParams, num_samples: int) -> np.ndarray:
-    counts = np.zeros((llm.model.config.vocab_size,) * 2)
+    """Counts of the first two tokens of seeded runs of three (the prompt's pass draws the first token; the
+    third lets the step after it verify a draft for the second). A speculating `llm` must have drafted."""
+    counts, drafted = np.zeros((llm.model.config.vocab_size,) * 2), 0
     for seed in range(num_samples):
-        run = dataclasses.replace(params, seed=seed, max_tokens=2, ignore_eos=True)
-        t1, t2 = llm.generate(prompt_ids, run)[0].token_ids
+        run = dataclasses.replace(params, seed=seed, max_tokens=3, ignore_eos=True)
+        out = llm.generate(prompt_ids, run)[0]
+        t1, t2 = out.token_ids[:2]
         counts[t1, t2] += 1
+        drafted += out.stats.drafted_tokens
+    assert drafted > 0 or llm.spec is None, "no draft was verified: the test would not see the sampler"
     return counts
 
 
