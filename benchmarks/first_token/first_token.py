@@ -4,7 +4,7 @@ prefill (the engine before) or not (the prompt's pass commits the first token, a
 It patches the property the engine had then (Sequence.num_schedulable), so it runs against a checkout from
 before the removal, e.g. `git worktree add /tmp/before ba9a964`:
 
-    PYTHONPATH=/tmp/before flock /tmp/speclm_bench.lock python benchmarks/first_token/hold_ab.py TARGET DRAFT 256
+    PYTHONPATH=/tmp/before flock /tmp/speclm_bench.lock python benchmarks/first_token/first_token.py TARGET DRAFT 256
 
 The pair, 2 threads, 16 chat prompts (2 per category), greedy, EOS ignored, the two modes alternating per prompt;
 one JSON line per prompt, then tokens/s over all, mean TTFT and tau, and whether every output was equal.
