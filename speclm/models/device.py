@@ -48,7 +48,6 @@ def column_major_weights(model: torch.nn.Module) -> None:
     every op on them stay the same; a tied head's embedding table is the same tensor."""
     seen = set()
     for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if isinstance(module, torch.nn.Linear) and id(weight) not in seen:
-            seen.add(id(weight))
-            weight.data = weight.data.t().contiguous().t()
+        if isinstance(module, torch.nn.Linear) and id(module.weight) not in seen:
+            seen.add(id(module.weight))
+            module.weight.data = module.weight.data.t().contiguous().t()
