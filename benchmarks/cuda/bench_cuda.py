@@ -19,6 +19,7 @@ import argparse
 import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -145,12 +146,14 @@ class ForwardClock:
 
     def __init__(self, runner) -> None:
         self.inner, self.seconds, self.calls = runner.forward, 0.0, 0
+        self.each: list[float] = []  # every call's seconds
         runner.forward = self
 
     def __call__(self, *args, **kwargs):
         t0 = time.perf_counter()
         out = self.inner(*args, **kwargs)
-        self.seconds += time.perf_counter() - t0
+        self.each.append(time.perf_counter() - t0)
+        self.seconds += self.each[-1]
         self.calls += 1
         return out
 
@@ -160,7 +163,7 @@ def speclm_run(llm, prompts: list[list[int]], new_tokens: int) -> dict:
 
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     clock = llm.runner.forward if isinstance(llm.runner.forward, ForwardClock) else ForwardClock(llm.runner)
-    clock.seconds, clock.calls = 0.0, 0
+    clock.seconds, clock.calls, clock.each = 0.0, 0, []
     sync(llm.device)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params)
@@ -182,6 +185,8 @@ def speclm_run(llm, prompts: list[list[int]], new_tokens: int) -> dict:
             "total": 1e3 * seconds / max(clock.calls, 1),
         },
         "engine_steps": clock.calls,
+        # the median target pass: a decoding step's (the prompts' passes are a few of many)
+        "median_pass_ms": 1e3 * statistics.median(clock.each) if clock.each else 0.0,
     }
 
 
@@ -286,6 +291,8 @@ def throughput_part(name: str, hf, llm, device: torch.device, tiny: bool, varian
             row["bandwidth_limit_tokens_per_s"] = bandwidth / per_token
             for key in configs:
                 row[key]["fraction_of_limit"] = row[key]["step_tokens_per_s"] / (bandwidth / per_token)
+                median = row[key]["median_pass_ms"] / 1e3  # (a decoding pass makes a token per sequence)
+                row[key]["median_pass_fraction_of_limit"] = len(batch) / median / (bandwidth / per_token)
             row["fraction_of_limit"] = ours["fraction_of_limit"]
         result[label] = row
     if variant_llms is not None:
@@ -400,6 +407,16 @@ def markdown(report: dict) -> str:
                     f"{x.get('graph_steps', 0)}{failed}"
                     f"; step ms {json.dumps({k: round(v, 3) for k, v in x['step_ms'].items()})}"
                     + (f"; graph replay alone {x['graph_replay_ms']:.3f} ms" if x.get("graph_replay_ms") else "")
+                    + (
+                        f"; median target pass {x['median_pass_ms']:.3f} ms"
+                        + (
+                            f" ({100 * x['median_pass_fraction_of_limit']:.0f}% of the limit)"
+                            if "median_pass_fraction_of_limit" in x
+                            else ""
+                        )
+                        if x.get("median_pass_ms")
+                        else ""
+                    )
                 )
         if "host" in result:
             lines.append(f"- host costs per step: {json.dumps({k: round(v, 4) for k, v in result['host'].items()})}")
