@@ -10,11 +10,11 @@ from torch import nn
 from speclm.kv.cache import KVCache
 from speclm.models.attention import AttentionMetadata, PagedAttentionMetadata, TensorFn
 from speclm.models.config import ModelConfig
-from speclm.models.layers import DecoderLayer, LayerOps, RMSNorm, decoder_layer, residual_layer
+from speclm.models.layers import DecoderLayer, LayerOps, RMSNorm, residual_layer
 from speclm.models.linear import Linear, linear_op, row_chunked
 from speclm.models.native_decoder import native_decoder, native_rows
 from speclm.models.rope import RotaryEmbedding
-from speclm.models.variants import VariantOps, make_layers, variant_layer
+from speclm.models.variants import make_layers, variant_layer
 
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # the linear fields of LayerOps and VariantOps
 
@@ -132,8 +132,9 @@ class LlamaModel(nn.Module):
             return self.norm(x)
         count = num_layers or len(self.layers)
         # Llama-family layers as ops carry their output's norm along: each residual add runs with the norm
-        # after it (one GPU launch; add_norm), the last one with the final norm.
-        carried = ops is not None and all(type(k) is LayerOps for k in ops)
+        # after it (one GPU launch; add_norm), the last one with the final norm. (A model's layers are all of
+        # one kind: LayerOps, or VariantOps for the newer families.)
+        carried = ops is not None and type(ops[0]) is LayerOps
         normed = ops[0].input_norm(x) if carried else None
         for i in range(count):
             k_cache, v_cache = cache.layer(i)
@@ -145,10 +146,8 @@ class LlamaModel(nn.Module):
                 x, normed = residual_layer(x, normed, ops[i], next_norm, c, s, k_cache, v_cache, m)
             elif ops is None:
                 x = self.layers[i](x, c, s, k_cache, v_cache, m)
-            elif type(ops[i]) is VariantOps:
-                x = variant_layer(x, ops[i], c, s, k_cache, v_cache, m)
             else:
-                x = decoder_layer(x, ops[i], c, s, k_cache, v_cache, m)
+                x = variant_layer(x, ops[i], c, s, k_cache, v_cache, m)
         return normed if carried else self.norm(x)
 
     @torch.inference_mode()
