@@ -29,6 +29,13 @@ SPLIT_K_BY_DEFAULT = True
 # counts its padded rows too, so at batch 1 the real row gets SPLIT_PROGRAMS / (bucket rows * KV heads).
 SPLIT_PROGRAMS = 2048
 SPLIT_BUFFER_BYTES = 128 << 20  # partial results one launch may hold (more rows: several launches)
+# Both kernels' launch plan where tl.dot applies (head_dim a power of two from 16): keys per block (the
+# online softmax's order, so a row's bits), warps and software-pipeline stages (neither changes a bit). Key rows
+# of up to 256 bytes (bf16 at head_dim 128) take the wider blocks (benchmarks/cuda/attention_plans_h100.md);
+# wider rows keep blocks whose stages fit in shared memory. PLAN, when set, overrides both (a benchmark's sweep).
+NARROW_ROWS_PLAN = dict(BLOCK_N=128, num_warps=4, num_stages=2)
+WIDE_ROWS_PLAN = dict(BLOCK_N=64, num_warps=4, num_stages=3)
+PLAN: dict | None = None
 
 
 @triton.jit
@@ -285,7 +292,8 @@ def paged_attention(
         HEAD_DIM=head_dim,
         DIM_PAD=dim_pad,
     )
-    blocks = dict(BLOCK_N=64 if use_dot else 32, USE_DOT=use_dot, num_warps=4)
+    plan = PLAN or (NARROW_ROWS_PLAN if head_dim * keys.element_size() <= 256 else WIDE_ROWS_PLAN)
+    blocks = dict(plan, USE_DOT=True) if use_dot else dict(BLOCK_N=32, USE_DOT=False, num_warps=4)
     # (the table's rows may be a prefix of wider rows: a short CUDA-graph step's; the kernels take its row stride)
     table = table if table.stride(-1) == 1 else table.contiguous()
     lengths, table_rows = lengths.contiguous(), table_rows.contiguous()
