@@ -1,5 +1,6 @@
 """A decoder layer's small GPU ops in Triton: RMSNorm (alone, or after the residual add), the SwiGLU
-product, and the rotary embedding fused with the KV-cache write (imported only for CUDA tensors, or by
+product, the rotary embedding fused with the KV-cache write, and each row's argmax over the vocabulary (the
+greedy choice a CUDA-graph step ends with) (imported only for CUDA tensors, or by
 tests under TRITON_INTERPRET=1). One launch each where torch takes several (a decode step is
 launch-bound), and one program per row with a fixed reduction order: a row's result never depends on how
 many rows share the call (torch's reductions pick their split by shape), which batch-invariant decoding and
@@ -176,3 +177,41 @@ def rope_write(
             HEADS=heads, KV=kv, HEAD_DIM=head_dim, num_warps=1,
         )  # fmt: skip
     return q
+
+
+ARGMAX_CHUNK = 4096  # vocabulary entries per first-stage program
+
+
+@triton.jit
+def _chunk_argmax_kernel(x_ptr, max_ptr, idx_ptr, stride_x, cols, chunks, CHUNK: tl.constexpr):
+    """First stage: each (row, chunk) program's maximum and the first index holding it."""
+    row, chunk = tl.program_id(0), tl.program_id(1)
+    offs = chunk * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(x_ptr + row * stride_x + offs, mask=offs < cols, other=float("-inf")).to(tl.float32)
+    best, at = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    tl.store(max_ptr + row * chunks + chunk, best)
+    tl.store(idx_ptr + row * chunks + chunk, chunk * CHUNK + at)
+
+
+@triton.jit
+def _rows_argmax_kernel(max_ptr, idx_ptr, out_ptr, chunks, CHUNKS_PAD: tl.constexpr):
+    """Second stage: a row's chunks in order, the first chunk with the row's maximum wins."""
+    row = tl.program_id(0)
+    c = tl.arange(0, CHUNKS_PAD)
+    best = tl.load(max_ptr + row * chunks + c, mask=c < chunks, other=float("-inf"))
+    _, at = tl.max(best, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    tl.store(out_ptr + row, tl.load(idx_ptr + row * chunks + at).to(tl.int64))
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(x, -1) for x [rows, cols] (unit stride in cols, finite values): the first index of each
+    row's maximum, in two launches that spread a row over the GPU (torch's reduction gives a row one block)."""
+    rows, cols = x.shape
+    assert x.stride(-1) == 1
+    chunks = triton.cdiv(cols, ARGMAX_CHUNK)
+    best = torch.empty(rows, chunks, dtype=torch.float32, device=x.device)
+    idx = torch.empty(rows, chunks, dtype=torch.int32, device=x.device)
+    out = torch.empty(rows, dtype=torch.long, device=x.device)
+    _chunk_argmax_kernel[(rows, chunks)](x, best, idx, x.stride(0), cols, chunks, CHUNK=ARGMAX_CHUNK, num_warps=4)
+    _rows_argmax_kernel[(rows,)](best, idx, out, chunks, CHUNKS_PAD=triton.next_power_of_2(chunks), num_warps=1)
+    return out

@@ -161,8 +161,16 @@ class LlamaModel(nn.Module):
         return logits if logits.device.type == "cpu" else logits.cpu()
 
     def device_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits [rows, vocab] fp32 of every row of `hidden`, where hidden lies (a CUDA graph's last op)."""
-        logits = (self.head_op or self.lm_head)(hidden).float()
+        """Logits [rows, vocab] fp32 of every row of `hidden`, where hidden lies."""
+        return self.finish_logits(self.head_logits(hidden))
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The head's output [rows, vocab] in the model's dtype: device_logits before finish_logits."""
+        return (self.head_op or self.lm_head)(hidden)
+
+    def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The head's output as the logits: fp32, soft-capped where the model caps them."""
+        logits = logits.float()
         cap = self.config.final_logit_softcapping
         if cap:
             logits = torch.tanh(logits / cap) * cap

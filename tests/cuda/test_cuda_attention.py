@@ -93,6 +93,18 @@ def test_fused_residual_add_and_norm_give_the_two_ops_bits(x_dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_rows_is_torchs_argmax(dtype):
+    from speclm.kernels.triton_ops import argmax_rows
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 151936, generator=g).to(dtype).to(DEVICE)
+    x[3, 7] = x[3, 150000] = 40  # a tie across chunks: the first index, as torch's
+    got = argmax_rows(x)
+    assert got.dtype == torch.long and torch.equal(got, x.argmax(-1)) and got[3] == 7
+    assert torch.equal(argmax_rows(x[:1]), got[:1])  # (a row alone: the same)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_rope_write_matches_the_unfused_ops(dtype):
     from speclm.kernels.triton_ops import rope_write
     from speclm.models.rope import apply_rope

@@ -59,7 +59,7 @@ SCRIPT = PATCH + textwrap.dedent(
 OPS_SCRIPT = PATCH + textwrap.dedent(
     """
     import torch.nn.functional as F
-    from speclm.kernels.triton_ops import add_rms_norm, rms_norm, rope_write, silu_mul
+    from speclm.kernels.triton_ops import add_rms_norm, argmax_rows, rms_norm, rope_write, silu_mul
     from speclm.models.rope import apply_rope
 
     g = torch.Generator().manual_seed(0)
@@ -103,12 +103,16 @@ OPS_SCRIPT = PATCH + textwrap.dedent(
             assert got.shape == expected.shape
             err = (got.float() - expected.float()).abs().max().item()
             assert err <= tol, (heads, kv, d, dtype, err)
+    for rows, cols, dtype in [(3, 9000, torch.float32), (2, 4096, torch.float16), (1, 100, torch.float32)]:
+        x = torch.randn(rows, cols, generator=g).to(dtype)
+        x[0, 5] = x[0, -1] = 50  # a tie, across chunks where there are several: the first index wins
+        assert argmax_rows(x).tolist() == x.argmax(-1).tolist() and argmax_rows(x)[0] == 5
     print("ok")
     """
 )
 
 
-@pytest.mark.parametrize("script", [SCRIPT, OPS_SCRIPT], ids=["paged-attention", "norm-swiglu-rope"])
+@pytest.mark.parametrize("script", [SCRIPT, OPS_SCRIPT], ids=["paged-attention", "norm-swiglu-rope-argmax"])
 def test_triton_kernel_matches_reference_in_the_interpreter(script):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
