@@ -11,6 +11,12 @@ key, so they never change a real row. A step whose rows are all at most SHORT_TA
 graph over that much of the slot table (the attention kernel then takes its single pass, not split-K's
 two launches); a row's bits are the same either way.
 
+Greedy plain decoding runs a step ahead: when the caller says every row will take its argmax and run again
+(ModelRunner.forward's `ahead`), the next step is queued right behind this one, its tokens copied from this
+pass's argmax on the device, so the GPU never waits for the host to read a token, pick the next and lay out
+its rows. The next call is served from it when its rows are the ones predicted (Ahead.predicts), else the
+pass started ahead is dropped.
+
 The same layout runs without capture on any device (mode "eager"): the CPU tests check it against the
 eager path, so on a GPU only the capture and the replay are new. Other steps (prompts, mixed steps, rows
 past MAX_ROWS, eviction's queries) take the eager path.
@@ -107,9 +113,43 @@ def step_rows(entries: list[BatchEntry], scratch: int, max_width: int, max_posit
 class Captured:
     graph: object  # torch.cuda.CUDAGraph
     hidden: torch.Tensor  # [bucket, hidden]: the graph's outputs, rewritten by every replay
-    logits: torch.Tensor  # [bucket, vocab] fp32
+    logits: torch.Tensor  # [bucket, vocab]: the head's output (the model's dtype)
     argmax: torch.Tensor  # [bucket] int64: each row's greedy choice
     rotary: int  # the rotary table's address at capture (a grown table moves: the graph is then stale)
+
+
+@dataclass
+class Launched:
+    """A step whose pass is queued: its rows, its outputs (copies out of the fixed buffers, so the next pass may
+    rewrite those), and the event after its argmax's copy to the host."""
+
+    rows: StepRows
+    logits: torch.Tensor
+    hidden: torch.Tensor
+    device_argmax: torch.Tensor  # [rows]: the fixed buffer (valid until the next pass)
+    argmax: torch.Tensor  # [rows] on the host, once `done`
+    done: object | None  # torch.cuda.Event (None on the CPU: done)
+
+    def outputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.done is not None:
+            self.done.synchronize()
+        return self.logits, self.hidden, self.argmax.clone()  # (the host buffer is reused two steps on)
+
+
+@dataclass
+class Ahead:
+    """A step started before its call: `launched`, predicted from `after` (each row's argmax as its token)."""
+
+    after: Launched
+    launched: Launched
+
+    def predicts(self, rows: StepRows) -> bool:
+        """Whether the step that came is the one started: the same layout with the tokens `after` chose."""
+        predicted = self.launched.rows
+        if (rows.bucket, rows.columns, rows.num_rows) != (predicted.bucket, predicted.columns, predicted.num_rows):
+            return False
+        n = rows.num_rows
+        return rows.flat[:n] == self.after.argmax.tolist() and rows.flat[n:] == predicted.flat[n:]
 
 
 class DecodeGraphs:
@@ -130,24 +170,56 @@ class DecodeGraphs:
         self.table = torch.full((MAX_ROWS, self.width), scratch, dtype=torch.long, device=device)
         size = FIELDS * MAX_ROWS + MAX_ROWS * self.width
         self.staging = torch.empty(size, dtype=torch.long, device=device) if device.type == "cuda" else None
-        self.host = torch.empty(size, dtype=torch.long, pin_memory=device.type == "cuda")
-        self.host_values = self.host.numpy()  # (filled from a list without a tensor in between)
+        pinned = device.type == "cuda"
+        self.host = [torch.empty(size, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self.host_values = [h.numpy() for h in self.host]  # (filled from a list without a tensor in between)
+        self.argmax_host = [torch.empty(MAX_ROWS, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self.loaded: list = [None, None]  # per host buffer, the event after its last copy to the device
+        self.turn = 0
+        self.pending: Ahead | None = None  # a step started ahead of its call (run_ahead)
+        self.ahead_hits = 0  # steps whose pass was started ahead and used
         self.graphs: dict[tuple[int, int], Captured] = {}  # by (bucket, table columns)
         self.steps = 0  # steps run from the static buffers (the tests and the benchmark read these)
         self.captures = 0
         self.failed: str | None = None  # why capturing failed once (the runner then stays eager)
 
     @torch.inference_mode()
-    def run(self, cache, entries: list[BatchEntry]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def run(
+        self, cache, entries: list[BatchEntry], ahead: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """(logits [rows, vocab] where the model lies, hidden [rows, hidden], each row's argmax [rows] on the
-        host) of the step, or None when the static pass does not cover it (the caller runs the eager path)."""
+        host) of the step, or None when the static pass does not cover it (the caller runs the eager path).
+        `ahead`: the caller's word that every row will take its argmax and run again with one token (greedy
+        plain decoding); the next step is then started before this one's argmax is read (run_ahead)."""
+        pending, self.pending = self.pending, None
         if self.failed is not None:
             return None
         rows = step_rows(entries, self.scratch, self.width, self.positions)
         if rows is None:
             return None
+        if pending is not None and pending.predicts(rows):
+            launched = pending.launched
+            self.ahead_hits += 1
+        else:
+            launched = self._launch(cache, rows)
+            if launched is None:
+                return None
+        self.steps += 1
+        if ahead:
+            self.pending = self._run_ahead(cache, entries, launched)
+        return launched.outputs()
+
+    def drop_ahead(self) -> None:
+        """Forget a step started ahead (the caller runs another step eagerly): it is never matched later."""
+        self.pending = None
+
+    def _launch(self, cache, rows: StepRows, tokens: torch.Tensor | None = None) -> Launched | None:
+        """Load the rows (with `tokens`, their tokens from a device tensor instead), start their pass and copy
+        its outputs out of the fixed buffers; nothing waits for the GPU here."""
         self.model.reserve_positions(rows.max_position + 1)  # (a grown table moves: its graphs are captured again)
         self._load(rows)
+        if tokens is not None:
+            self._inputs(rows.bucket, rows.columns)[0][0, : rows.num_rows].copy_(tokens)
         if self.mode == "eager":
             hidden, logits, argmax = self._pass(cache, rows.bucket, rows.columns, rows.max_position)
         else:
@@ -156,24 +228,63 @@ class DecodeGraphs:
                 return None
             captured.graph.replay()
             hidden, logits, argmax = captured.hidden, captured.logits, captured.argmax
-        self.steps += 1
         n = rows.num_rows
         # The argmax's copy to the host is the step's one synchronisation; the logits stay where they are
         # (copied out of the graph's buffers, which the next replay rewrites) until a read needs them.
-        return logits[:n].clone(), hidden[:n].clone(), argmax[:n].cpu()
+        host = self.argmax_host[self.turn][:n]
+        host.copy_(argmax[:n], non_blocking=True)
+        done = self._event()
+        logits = self.model.finish_logits(logits[:n].to(torch.float32, copy=True))  # (a copy: the buffer is reused)
+        return Launched(rows, logits, hidden[:n].clone(), argmax[:n], host, done)
+
+    def _run_ahead(self, cache, entries: list[BatchEntry], launched: Launched) -> Ahead | None:
+        """Start the step that follows `launched` if every row takes its argmax: each row's next token (the
+        argmax, copied on the device) at the next position, written at the next slot of its block. Only
+        within a block: that slot is the sequence's own and not yet written (a block's first slot may be a
+        new or a shared block's, which only the scheduler knows). Whether the prediction held is checked
+        when the next step comes (Ahead.predicts); if not, its pass is dropped: the one slot it wrote per
+        row holds the keys of the row's next token at its next position, which a step that reads that slot
+        writes first (in stream order, after the dropped pass)."""
+        block = cache.block_size
+        following = []
+        for e in entries:
+            if len(e.tokens) != 1 or e.row_paths is not None or e.local_slots is not None:
+                return None
+            slot = e.slots[-1] + 1
+            if slot % block == 0:
+                return None
+            following.append(BatchEntry([0], e.start + 1, e.slots + [slot], 1))
+        rows = step_rows(following, self.scratch, self.width, self.positions)
+        if rows is None:
+            return None
+        ahead = self._launch(cache, rows, launched.device_argmax)
+        return None if ahead is None else Ahead(launched, ahead)
+
+    def _event(self):
+        """An event after the work queued so far (None on the CPU, whose copies are done when they return)."""
+        if self.model.device.type != "cuda":
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
 
     def _load(self, rows: StepRows) -> None:
         """The step's rows into the fixed buffers: a short step's in one host-to-device copy, a long step's in
-        one, then two on the device."""
+        one, then two on the device. The host buffers take turns: a step started ahead loads while the
+        previous step's copy may still be queued."""
+        self.turn ^= 1
+        if self.loaded[self.turn] is not None:
+            self.loaded[self.turn].synchronize()  # (the copy from this buffer two loads ago: long done)
         b, t, w, size = rows.bucket, rows.table_count, rows.width, len(rows.flat)
-        self.host_values[:size] = rows.flat
-        host = self.host[:size]
-        if rows.short:  # (the next step's load comes after this step's argmax is read: the copy is done)
+        self.host_values[self.turn][:size] = rows.flat
+        host = self.host[self.turn][:size]
+        if rows.short:
             self.short[:size].copy_(host, non_blocking=True)
-            return
-        source = host if self.staging is None else self.staging[:size].copy_(host, non_blocking=True)
-        self.vectors[:, :b].copy_(source[: FIELDS * b].view(FIELDS, b))
-        self.table[:t, :w].copy_(source[FIELDS * b :].view(t, w))
+        else:
+            source = host if self.staging is None else self.staging[:size].copy_(host, non_blocking=True)
+            self.vectors[:, :b].copy_(source[: FIELDS * b].view(FIELDS, b))
+            self.table[:t, :w].copy_(source[FIELDS * b :].view(t, w))
+        self.loaded[self.turn] = self._event()
 
     def _inputs(self, bucket: int, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The vectors [FIELDS, bucket] and slot table [bucket, columns] a pass reads."""
@@ -191,7 +302,15 @@ class DecodeGraphs:
         v, table = self._inputs(bucket, columns)
         meta = StaticRowsMetadata(v[2], v[3], table, v[4], max_position)
         hidden = self.model(v[0], v[1], cache, meta)
-        logits = self.model.device_logits(hidden)
+        # The head's output as it comes (the model's dtype): made fp32 outside the pass for the real rows only
+        # (Launched); the argmax of an uncapped head's output is the fp32 logits' (the cast keeps the order).
+        logits = self.model.head_logits(hidden)
+        if self.model.config.final_logit_softcapping:
+            return hidden, logits, self.model.finish_logits(logits).argmax(-1)
+        if logits.device.type == "cuda":
+            from speclm.kernels.triton_ops import argmax_rows
+
+            return hidden, logits, argmax_rows(logits)
         return hidden, logits, logits.argmax(-1)
 
     def _graph(self, cache, bucket: int, columns: int, max_position: int) -> Captured | None:

@@ -24,7 +24,7 @@ from speclm.engine.model_input import batch_entries
 from speclm.engine.model_runner import ModelRunner
 from speclm.engine.output_processor import OutputProcessor
 from speclm.engine.request import GenerationStats, PromptLimits, Request, RequestOutput, SequenceOutput
-from speclm.engine.scheduler import Scheduler
+from speclm.engine.scheduler import Scheduler, SchedulerOutput
 from speclm.engine.sequence import Sequence, SequenceState
 from speclm.engine.sequence_table import SequenceTable
 from speclm.engine.speculation import Speculation
@@ -214,8 +214,19 @@ class Engine:
             return failed
         self.num_steps += 1
         entries = batch_entries(plan, self.block_manager, self.sequences)
-        output = self.runner.execute(self.cache, plan.copies, entries, self.evictor is not None)
+        output = self.runner.execute(self.cache, plan.copies, entries, self.evictor is not None, self._ahead(plan))
         return failed + self.processor.process(plan, entries, output)
+
+    def _ahead(self, plan: SchedulerOutput) -> bool:
+        """Whether the runner may start the step after this one before this one's tokens are read: every
+        chunk is one token of a sequence that decodes greedily (its token will be the row's argmax)."""
+        if self.runner.graph_mode is None:
+            return False
+        states = [self.sequences.get(chunk.seq.seq_id) for chunk in plan.chunks]
+        return all(
+            chunk.num_tokens == 1 and chunk.completes and state is not None and state.decodes_greedily()
+            for chunk, state in zip(plan.chunks, states)
+        )
 
     # -- offline use -------------------------------------------------------------------
     def generate(

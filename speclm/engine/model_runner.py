@@ -104,14 +104,21 @@ class ModelRunner:
         return out.host_logits(), out.hidden, out.seconds
 
     def forward(
-        self, cache: PagedKVCache, entries: list[BatchEntry], queries: list[torch.Tensor] | None = None
+        self,
+        cache: PagedKVCache,
+        entries: list[BatchEntry],
+        queries: list[torch.Tensor] | None = None,
+        ahead: bool = False,
     ) -> ModelOutput:
         """forward_batch's step as a ModelOutput: a static step (decode_graphs) leaves its logits where the
-        model lies and brings only each row's argmax to the host (ModelOutput.argmax)."""
+        model lies and brings only each row's argmax to the host (ModelOutput.argmax). `ahead`: every row
+        will take its argmax and run again (greedy plain decoding), so the static step may start the next
+        step before this one's tokens are read (DecodeGraphs.run)."""
         self.thread_watch.observe()
         t0 = time.perf_counter()
-        graphs = self._graphs.get(cache) if queries is None else None
-        static = graphs.run(cache, entries) if graphs is not None else None
+        graphs, static = self._graphs.get(cache), None
+        if graphs is not None:
+            static = graphs.run(cache, entries, ahead) if queries is None else graphs.drop_ahead()
         if static is not None:  # a decode or verification step from the fixed buffers (a CUDA graph's replay)
             logits, hidden, argmax = static
             seconds = time.perf_counter() - t0
@@ -136,12 +143,18 @@ class ModelRunner:
         return ModelOutput(logits, hidden, seconds, queries)
 
     def execute(
-        self, cache: PagedKVCache, copies: list[tuple[int, int]], entries: list[BatchEntry], want_queries: bool
+        self,
+        cache: PagedKVCache,
+        copies: list[tuple[int, int]],
+        entries: list[BatchEntry],
+        want_queries: bool,
+        ahead: bool = False,
     ) -> ModelOutput:
         """A scheduled step: the block copies (copy-on-write) it needs, then one forward over its entries
-        (with each layer's queries when `want_queries`: token eviction scores committed rows with them)."""
+        (with each layer's queries when `want_queries`: token eviction scores committed rows with them;
+        `ahead`: see forward)."""
         cache.copy_blocks(copies)
-        return self.forward(cache, entries, [] if want_queries else None)
+        return self.forward(cache, entries, [] if want_queries else None, ahead)
 
     def row_logits(self, hidden: torch.Tensor) -> RowLogits:
         """Logits of single rows of `hidden` [rows, hidden] on demand, each computed once with the

@@ -67,3 +67,15 @@ class SequenceState:
     matcher: GrammarMatcher | None = None
     logprobs: list = field(default_factory=list)  # TokenLogprob per committed token (requests that ask)
     eviction: SequenceEviction | None = None  # H2O / SnapKV: the KV entries it keeps (speclm/kv/eviction.py)
+
+    def decodes_greedily(self) -> bool:
+        """Whether its next step will take its row's argmax and, unless a stop condition ends it, another
+        plain step follow: greedy, no grammar, no drafting, no forks or eviction waiting, tokens left."""
+        return (
+            self.request.params.greedy
+            and self.matcher is None
+            and self.speculation is None
+            and not self.forks
+            and self.eviction is None
+            and self.seq.num_tokens + 1 < self.seq.max_total_tokens
+        )

@@ -164,3 +164,59 @@ def test_static_steps_of_a_sliding_window_model_generate_the_eager_tokens(tmp_pa
         static._set_spec(static.spec)
         assert [o.token_ids for o in static.generate(prompts, GREEDY)] == expected
         assert graphs_of(static).steps > 0
+
+
+def test_a_step_started_ahead_is_used_when_predicted_and_dropped_when_not(stories_llm, static_llm):
+    """forward(ahead=True) starts the next step (each row's argmax at the next slot of its block); the step
+    that comes is served from it when it is that step, else run afresh, with the eager step's logits both ways."""
+    cache, runner, graphs = static_llm.engine.cache, static_llm.runner, graphs_of(static_llm)
+    eager_runner = ModelRunner(stories_llm.model, decode_graphs="off")
+    g = torch.Generator().manual_seed(1)
+    cache.keys.copy_(torch.randn(cache.keys.shape, generator=g))
+    cache.values.copy_(torch.randn(cache.values.shape, generator=g))
+    rows = [BatchEntry(tokens=[5], start=3, slots=[40, 41, 7, 9], num_logits=1)]
+    rows.append(BatchEntry(tokens=[8], start=5, slots=[60, 61, 62, 63, 20, 21], num_logits=1))
+
+    def following(step, tokens):
+        return [BatchEntry([t], e.start + 1, e.slots + [e.slots[-1] + 1], 1) for e, t in zip(step, tokens)]
+
+    def check(step, ahead):
+        out = runner.forward(cache, step, ahead=ahead)
+        expected, _, _ = eager_runner.forward_batch(cache, step)
+        assert torch.equal(out.logits, expected)
+        return out.argmax.tolist()
+
+    hits = graphs.ahead_hits
+    chosen = check(rows, ahead=True)
+    chosen = check(following(rows, chosen), ahead=True)  # predicted: served from the step started ahead
+    assert graphs.ahead_hits == hits + 1
+    step = following(following(rows, chosen), [(t + 1) % 512 for t in chosen])  # not the argmax: dropped
+    check(step, ahead=True)
+    assert graphs.ahead_hits == hits + 1
+    moved = [BatchEntry([t], e.start + 1, e.slots + [100 + i], 1) for i, (e, t) in enumerate(zip(step, chosen))]
+    check(moved, ahead=False)  # another slot than predicted: dropped too
+    assert graphs.ahead_hits == hits + 1 and graphs.pending is None
+    # a row whose next slot starts a block is never run ahead (the block may be new or shared)
+    edge = [BatchEntry(tokens=[5], start=3, slots=[40, 41, 42, cache.block_size * 3 - 1], num_logits=1)]
+    check(edge, ahead=True)
+    assert graphs.pending is None
+
+
+def test_greedy_decoding_runs_each_step_ahead_and_keeps_the_eager_tokens(stories_llm, static_llm):
+    graphs = graphs_of(static_llm)
+    hits = graphs.ahead_hits
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    expected = [o.token_ids for o in stories_llm.generate(PROMPTS, params)]
+    assert [o.token_ids for o in static_llm.generate(PROMPTS, params)] == expected
+    # every decode step came from a step run ahead but the first and those where a row's next slot starts a
+    # block (each row's every 16th position)
+    assert graphs.ahead_hits - hits >= 40 - 1 - len(PROMPTS) * (40 // 16 + 1)
+    # a sampled request beside greedy ones: no step runs ahead while it is in the batch, and the greedy
+    # requests' tokens stay the eager ones
+    sampled = SamplingParams(max_tokens=12, temperature=1.0, seed=3)
+    requests = [static_llm._request(static_llm.encode(p), params) for p in PROMPTS[:2]]
+    requests.append(static_llm._request(static_llm.encode(PROMPTS[2]), sampled))
+    outputs = static_llm.engine.generate(requests)
+    assert [o[0].token_ids for o in outputs[:2]] == expected[:2]
+    eager_sampled = stories_llm.engine.generate([stories_llm._request(stories_llm.encode(PROMPTS[2]), sampled)])
+    assert outputs[2][0].token_ids == eager_sampled[0][0].token_ids

@@ -117,12 +117,12 @@ def slowed(app, seconds_per_step: float, fail_at: int | None = None):
     runner = app.state.engine.engine.runner
     original, calls = runner.forward, [0]
 
-    def forward(cache, entries, queries=None):
+    def forward(*args, **kwargs):
         calls[0] += 1
         if calls[0] == fail_at:
             raise RuntimeError("injected failure")
         time.sleep(seconds_per_step)
-        return original(cache, entries, queries)
+        return original(*args, **kwargs)
 
     runner.forward = forward
     return lambda: setattr(runner, "forward", original)
