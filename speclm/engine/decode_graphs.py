@@ -13,7 +13,7 @@ two launches); a row's bits are the same either way.
 
 Greedy plain decoding runs a step ahead: when the caller says every row will take its argmax and run again
 (ModelRunner.forward's `ahead`), the next step is queued right behind this one, its tokens copied from this
-pass's argmax on the device, so the GPU never waits for the host to read a token, pick the next and lay out
+pass's argmax on the device, so the GPU need not wait for the host to read a token, pick the next and lay out
 its rows. The next call is served from it when its rows are the ones predicted (Ahead.predicts), else the
 pass started ahead is dropped.
 
