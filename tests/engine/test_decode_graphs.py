@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from speclm import SamplingParams
+from speclm.config import CacheConfig
 from speclm.engine.decode_graphs import BUCKETS, FIELDS, MAX_ROWS, SHORT_TABLE, step_rows
+from speclm.engine.engine import Engine
 from speclm.engine.model_runner import ModelRunner
 from speclm.models.attention import BatchEntry, PagedAttentionMetadata
 from speclm.models.linear import row_chunked
@@ -220,3 +222,23 @@ def test_greedy_decoding_runs_each_step_ahead_and_keeps_the_eager_tokens(stories
     assert [o[0].token_ids for o in outputs[:2]] == expected[:2]
     eager_sampled = stories_llm.engine.generate([stories_llm._request(stories_llm.encode(PROMPTS[2]), sampled)])
     assert outputs[2][0].token_ids == eager_sampled[0][0].token_ids
+
+
+def test_steps_run_ahead_keep_batch_invariance_under_preemption_and_prefix_hits(stories_llm):
+    """Many greedy requests at once through the static rows with steps run ahead (chunked prompts, prefix-cache
+    hits, preemption by recompute in a small pool, requests ending at different steps: predictions that fail)
+    give each request's tokens alone: a dropped pass's keys never reach a row that reads them."""
+    from tests.engine.test_batch_invariance import LOADS, requests, solo
+
+    runner = ModelRunner(stories_llm.model, decode_graphs="eager")
+    reqs = requests(stories_llm, 24, 24)
+    expected = solo(stories_llm, {}, reqs)
+    for load in ("chunked-prefill", "preemption"):
+        engine = Engine(runner, stories_llm.tokenizer, CacheConfig(**LOADS[load]))
+        assert [o[0].token_ids for o in engine.generate(requests(stories_llm, 24, 24))] == expected
+        graphs = runner.decode_graphs(engine.cache)
+        assert graphs.ahead_hits > 0 and graphs.steps > graphs.ahead_hits  # run ahead, and some not predicted
+        if load == "preemption":
+            assert engine.scheduler.num_preemptions > 0
+        else:
+            assert engine.block_manager.stats.hit_tokens > 0
