@@ -117,8 +117,10 @@ class ModelRunner:
         self.thread_watch.observe()
         t0 = time.perf_counter()
         graphs, static = self._graphs.get(cache), None
-        if graphs is not None:
-            static = graphs.run(cache, entries, ahead) if queries is None else graphs.drop_ahead()
+        if graphs is not None and queries is None:
+            static = graphs.run(cache, entries, ahead)
+        elif graphs is not None:  # (an eager step between: a step run ahead is never matched after it)
+            graphs.drop_ahead()
         if static is not None:  # a decode or verification step from the fixed buffers (a CUDA graph's replay)
             logits, hidden, argmax = static
             seconds = time.perf_counter() - t0
