@@ -176,7 +176,7 @@ class DecodeGraphs:
         self.argmax_host = [torch.empty(MAX_ROWS, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
         self.loaded: list = [None, None]  # per host buffer, the event after its last copy to the device
         self.turn = 0
-        self.pending: Ahead | None = None  # a step started ahead of its call (run_ahead)
+        self.pending: Ahead | None = None  # a step started ahead of its call (_run_ahead)
         self.ahead_hits = 0  # steps whose pass was started ahead and used
         self.graphs: dict[tuple[int, int], Captured] = {}  # by (bucket, table columns)
         self.steps = 0  # steps run from the static buffers (the tests and the benchmark read these)
@@ -190,7 +190,7 @@ class DecodeGraphs:
         """(logits [rows, vocab] where the model lies, hidden [rows, hidden], each row's argmax [rows] on the
         host) of the step, or None when the static pass does not cover it (the caller runs the eager path).
         `ahead`: the caller's word that every row will take its argmax and run again with one token (greedy
-        plain decoding); the next step is then started before this one's argmax is read (run_ahead)."""
+        plain decoding); the next step is then started before this one's argmax is read (_run_ahead)."""
         pending, self.pending = self.pending, None
         if self.failed is not None:
             return None
