@@ -25,17 +25,21 @@ LAYERS = (None, 23, 22, 21)  # None: all 24
 PROMPTS, ROUNDS, TOKENS = 6, 2, 192
 
 
+def fetched_pair() -> tuple[str, str]:
+    """The real pair's (target, draft) files, or exit with one error line."""
+    target, draft = pair_path("target"), pair_path("draft")
+    if target is None or draft is None:
+        raise SystemExit("error: the pair is not fetched (make pair)")
+    return target, draft
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/draft_layers")
     args = parser.parse_args()
-    target, draft = pair_path("target"), pair_path("draft")
-    if target is None or draft is None:
-        raise SystemExit("error: the pair is not fetched (make pair)")
-    lines = [
-        json.loads(line) for line in open(Path(__file__).resolve().parents[2] / "speclm/data/coding_prompts.jsonl")
-    ]
-    prompts = [r["turns"][0] for r in lines[:PROMPTS]]
+    target, draft = fetched_pair()
+    source = Path(__file__).resolve().parents[2] / "speclm/data/coding_prompts.jsonl"
+    prompts = [json.loads(line)["turns"][0] for line in source.read_text().splitlines()[:PROMPTS]]
     # every run reads its prompt afresh: the memo's caches hold all 24 layers
     draft_model.PromptMemo.restore = lambda self, keys, cache: 0
     draft_model.PromptMemo.remember = lambda self, keys, cache: None

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
 from speclm import LLM, SamplingParams
 from speclm.bench.machine import machine_info
-from speclm.data.pair import pair_path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from draft_layers import fetched_pair  # noqa: E402
 
 PROMPT = (
     "Write a Python function that parses a CSV file with a header row and returns a list of dicts, "
@@ -33,9 +37,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/draft_layers")
     args = parser.parse_args()
-    target, draft = pair_path("target"), pair_path("draft")
-    if target is None or draft is None:
-        raise SystemExit("error: the pair is not fetched (make pair)")
+    target, draft = fetched_pair()
     alone = {}
     for name, path in (("draft", draft), ("target", target)):
         llm = LLM(model=path, threads=2)
