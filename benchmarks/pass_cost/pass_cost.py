@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("prefetch bytes must be multiples of 64 >= 0, layers native or python, rows >= 1, rounds >= 1")
     kernels = cpu_kernels()
     if kernels is None or not kernels.gguf_available():
-        parser.error("the GGUF kernels are not available on this machine (AVX-512 VNNI)")
+        parser.error("the GGUF kernels are not available on this machine (AVX-512 VNNI or AVX2)")
 
     from speclm.llm import LLM
 

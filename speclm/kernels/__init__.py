@@ -42,6 +42,7 @@ HEADERS = [
         "gguf_kernels.h",
         "gguf_activations.h",
         "gguf_microkernel.h",
+        "gguf_microkernel_avx2.h",
         "gguf_decoder.h",
     )
 ]

@@ -23,9 +23,8 @@ struct QuantizedRow {
   std::vector<int32_t> pairs16, pairs32;
 };
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+// Defined where gguf_matmul was compiled (SPECLM_GGUF_SIMD, gguf_format.h).
 void quantize_q8_0(const float* x, int64_t k, QuantizedRow& r);
 void quantize_q8_k(const float* x, int64_t k, QuantizedRow& r);
-#endif
 
 }  // namespace gguf

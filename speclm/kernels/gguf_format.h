@@ -2,8 +2,8 @@
 // (gguf_convert.cpp) and matmul (gguf_matmul.cpp) sources share.
 //
 // A linear layer keeps its tensor's own quantization grid (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K),
-// repacked for the CPU, and multiplies int8-quantized activations (gguf_activations.h) with AVX-512 VNNI
-// integer dot products, the way llama.cpp computes on the same files.
+// repacked for the CPU, and multiplies int8-quantized activations (gguf_activations.h) with integer dot
+// products (AVX-512 VNNI, or AVX2), the way llama.cpp computes on the same files.
 //
 // Repacked layout. Outputs go in blocks of 16 (one 512-bit lane each). For every output block and every
 // GGUF block along the input (32 or 256 weights) there is one record: the block's parameters for the 16
@@ -58,11 +58,16 @@ inline int64_t record_bytes(const Geometry& g) { return g.param_bytes + g.block_
 inline int scale_at(int64_t type, int j, int l) { return type == kQ6_K ? 32 + 32 * (j / 2) + 2 * l + j % 2 : 64 + 16 * j + l; }
 inline int min_at(int j, int l) { return 192 + 32 * (j / 2) + 2 * l + j % 2; }
 
+// The matmul and the activations' quantization need AVX-512 VNNI (gguf_microkernel.h) or AVX2 with FMA and
+// F16C (gguf_microkernel_avx2.h): SPECLM_GGUF_SIMD is 512, 256, or 0 where neither was compiled.
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
-constexpr bool kGgufAvailable = true;  // the matmul and the activations' quantization need AVX-512 VNNI
+#define SPECLM_GGUF_SIMD 512
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define SPECLM_GGUF_SIMD 256
 #else
-constexpr bool kGgufAvailable = false;
+#define SPECLM_GGUF_SIMD 0
 #endif
+constexpr bool kGgufAvailable = SPECLM_GGUF_SIMD != 0;
 
 // -- the block codec (gguf_pack.cpp) ----------------------------------------------------------------
 // One GGUF block of one output row, decoded: codes[block_weights] and its parameters.

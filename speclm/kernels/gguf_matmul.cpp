@@ -7,6 +7,7 @@
 #include "gguf_format.h"
 #include "gguf_kernels.h"
 #include "gguf_microkernel.h"
+#include "gguf_microkernel_avx2.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -15,7 +16,7 @@
 
 using namespace gguf;
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#if SPECLM_GGUF_SIMD
 namespace {
 constexpr int kRows = 6;  // activation rows sharing one pass over a record (a verification of K <= 5 drafts)
 // Bytes ahead of the weights being read that are prefetched (0: none): the decoding work per byte leaves
@@ -66,7 +67,7 @@ bool gguf_available() { return kGgufAvailable; }
 std::vector<int64_t> gguf_set_prefetch(int64_t one_row, int64_t rows) {
   TORCH_CHECK(one_row >= 0 && one_row % 64 == 0 && rows >= 0 && rows % 64 == 0,
               "gguf_set_prefetch: multiples of 64 bytes, >= 0");
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#if SPECLM_GGUF_SIMD
   std::vector<int64_t> previous{g_prefetch_one_row, g_prefetch_rows};
   g_prefetch_one_row = one_row;
   g_prefetch_rows = rows;
@@ -80,7 +81,7 @@ std::vector<int64_t> gguf_set_prefetch(int64_t one_row, int64_t rows) {
 // projection whose parts have different types), plus bias [sum n] (optional) -> y [M, sum n] fp32.
 at::Tensor gguf_matmul(const at::Tensor& x, const std::vector<at::Tensor>& packed, const std::vector<int64_t>& types,
                        const std::vector<int64_t>& n_outs, const at::Tensor& bias) {
-  TORCH_CHECK(kGgufAvailable, "gguf_matmul: this build has no AVX-512 VNNI (check gguf_available() first)");
+  TORCH_CHECK(kGgufAvailable, "gguf_matmul: this build has neither AVX-512 VNNI nor AVX2 (check gguf_available() first)");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "gguf_matmul: x [M, K] fp32");
   TORCH_CHECK(packed.size() == types.size() && types.size() == n_outs.size() && !packed.empty(), "gguf_matmul: segments");
   auto xc = x.contiguous();
@@ -89,7 +90,7 @@ at::Tensor gguf_matmul(const at::Tensor& x, const std::vector<at::Tensor>& packe
   for (int64_t n : n_outs) total += n;
   auto y = at::empty({m, total}, xc.options());
   if (m == 0) return y;
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#if SPECLM_GGUF_SIMD
   std::vector<QuantizedRow> q8_0, q8_k;  // each row quantized once per kind, shared by the segments
   const float* xp = xc.data_ptr<float>();
   int64_t column = 0;

@@ -101,7 +101,7 @@ def _build_native(checkpoint: Checkpoint, to_q4_0: bool) -> LlamaModel:
 
 
 def native_source_applies(checkpoint: Checkpoint) -> bool:
-    """GGUF files run on their own grids where the kernels exist (CPU with AVX-512 VNNI)."""
+    """GGUF files run on their own grids where the kernels exist (CPU with AVX-512 VNNI or AVX2)."""
     return checkpoint.metadata.get("format") == "gguf" and native_kernels() is not None
 
 

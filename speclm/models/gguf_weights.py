@@ -25,7 +25,8 @@ NO_BYTES = torch.empty(0, dtype=torch.uint8)
 
 
 def native_kernels():
-    """speclm's compiled kernels when they run GGUF-native weights here (CPU with AVX-512 VNNI), else None."""
+    """speclm's compiled kernels when they run GGUF-native weights here (CPU with AVX-512 VNNI, or AVX2 with
+    FMA and F16C), else None."""
     kernels = cpu_kernels()
     return kernels if kernels is not None and kernels.gguf_available() else None
 

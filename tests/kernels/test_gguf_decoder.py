@@ -11,7 +11,7 @@ from speclm.models.gguf_weights import native_kernels
 from speclm.models.loader import load_checkpoint
 from speclm.sampling_params import SamplingParams
 
-pytestmark = pytest.mark.skipif(native_kernels() is None, reason="no AVX-512 VNNI kernels here")
+pytestmark = pytest.mark.skipif(native_kernels() is None, reason="no GGUF-native kernels here (AVX-512 VNNI or AVX2)")
 
 
 @pytest.fixture(scope="module", params=["auto", "q4_0"])

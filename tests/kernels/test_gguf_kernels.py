@@ -11,7 +11,7 @@ import torch
 from speclm.models.gguf_weights import NATIVE_TYPES, NO_ORDER, GGUFLinear, PackArena, Segment, native_kernels
 
 T = gguf.GGMLQuantizationType
-pytestmark = pytest.mark.skipif(native_kernels() is None, reason="no AVX-512 VNNI kernels here")
+pytestmark = pytest.mark.skipif(native_kernels() is None, reason="no GGUF-native kernels here (AVX-512 VNNI or AVX2)")
 
 
 def raw_tensor(kind: str, rows: int, cols: int, rng) -> np.ndarray:

@@ -230,7 +230,7 @@ def test_llama3_rope_freqs_on_the_gguf_native_path(tmp_path):
         assert load_gguf(path).config.rope_scaling["rope_type"] == "freq_factors"
         model = build_model(load_checkpoint(path), weights="auto")
         model.use_lean_ops()
-        if native_kernels() is not None:  # (AVX-512 VNNI)
+        if native_kernels() is not None:  # (AVX-512 VNNI or AVX2)
             assert (model.native_decoder is not None) == (tensor_type == "Q8_0")
         got = torch.cat(our_logits_through_cache(model, ids[:40], [[t] for t in ids[40:44]] + [ids[44:]]))
         assert (got - reference).abs().max() <= bound

@@ -17,7 +17,7 @@ from speclm.models.gguf_weights import native_kernels
 from speclm.models.loader import default_model_path, load_checkpoint
 from speclm.models.pack_cache import PackCache
 
-pytestmark = pytest.mark.skipif(native_kernels() is None, reason="GGUF-native kernels need AVX-512 VNNI")
+pytestmark = pytest.mark.skipif(native_kernels() is None, reason="GGUF-native kernels need AVX-512 VNNI or AVX2")
 
 
 def build(**kwargs):

@@ -197,7 +197,7 @@ def test_gguf_logits_match_transformers(case, tmp_path):
     reference = hf_logits(hf_model, ids)
     native = build_model(load_checkpoint(q8), weights="auto")
     native.use_lean_ops()
-    if native_kernels() is not None:  # (AVX-512 VNNI): the llama block's C++ decoder, partial rotary included
+    if native_kernels() is not None:  # (AVX-512 VNNI or AVX2): the llama block's C++ decoder, partial rotary included
         assert native.native_decoder is not None
     got = torch.cat(our_logits_through_cache(native, ids[:11], [[t] for t in ids[11:27]] + [ids[27:]]))
     assert (got - reference).abs().max() <= 0.5

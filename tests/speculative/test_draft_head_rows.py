@@ -13,7 +13,7 @@ from speclm.speculative.factory import frequent_tokens
 from tests.models.hf_tiny import tiny_hf_model
 
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.skipif(native_kernels() is None, reason="no AVX-512 VNNI kernels here")
+pytestmark = pytest.mark.skipif(native_kernels() is None, reason="no GGUF-native kernels here (AVX-512 VNNI or AVX2)")
 
 
 @pytest.mark.parametrize("weights", ["auto", "q4_0"])
