@@ -7,15 +7,16 @@ from dataclasses import dataclass
 
 SPEC_METHODS_HELP = (
     "ngram | ngram:MAX_N | lookahead[:W,N,G] | layerskip:N | "
-    "draft:PATH[,vocab=V,weights=FORMAT,branch=T,window=W,sinks=S,lookup=on|off] | "
+    "draft:PATH[,vocab=V,weights=FORMAT,stop=P,branch=T,window=W,sinks=S,lookup=on|off] | "
     "medusa:PATH[,width=W] | eagle:PATH[,topk=T,beam=B,depth=D] (lookahead: Jacobi window W, N-grams, G "
     "candidates, default 5,3,3; draft: prompt lookup where the context repeats itself and the draft model "
     "elsewhere, chosen per step (lookup=off: the draft model only), the draft drafting over the V most "
     "frequent tokens (default 32768; 0 = all), on FORMAT weights (default q4_0: the draft's numerics never "
-    "change the output), as a tree with a second branch where its top probability is below T (default 0: a "
-    "chain), reading of a prompt longer than S+W tokens only its first S and its last W (window=W; default "
-    "window=0: all of it, which kept more drafts accepted; sinks default 4); medusa/eagle: K is the tree's "
-    "node budget; eagle topk=1 drafts a chain of K)"
+    "change the output), its chain ended once the product of its top probabilities falls below P (default "
+    "0: always K drafts; with a stop K defaults to 8), as a tree with a second branch where its top "
+    "probability is below T (default 0: a chain), reading of a prompt longer than S+W tokens only its first S"
+    " and its last W (window=W; default window=0: all of it, which kept more drafts accepted; sinks default "
+    "4); medusa/eagle: K is the tree's node budget; eagle topk=1 drafts a chain of K)"
 )
 # draft:PATH options: vocab = size of the draft's output head (0: the whole vocabulary; a distilled draft's
 # own token map wins); weights = the draft's runtime format (see WEIGHTS_HELP below). The defaults make the
@@ -25,7 +26,15 @@ SPEC_METHODS_HELP = (
 # tokens of a longer prompt (window 0, the default: all of it; a window lowered acceptance on rag and
 # summarization prompts, benchmarks/draft_window/draft_window.md).
 # lookup: prompt lookup drafts where it is expected to beat the draft model (speclm/speculative/hybrid.py).
-DRAFT_OPTIONS = {"vocab": 32768, "weights": "q4_0", "branch": 0.0, "window": 0, "sinks": 4, "lookup": True}
+# stop = P in [0, 1): the draft ends its chain once the product of its top probabilities along it (its own
+# estimate that every draft so far is accepted) falls below P, so a sure chain runs long and an unsure one
+# costs no further draft passes (0, the default: always the K the controller asks for). With a stop the
+# default K is DRAFT_STOP_K. On the real pair a simulation over teacher-forced traces (at the AVX-512 VM's
+# costs) puts P = 0.5 with K up to 8 at +6% overall and +12% on code; served on an AVX2 VM it was +2.5%
+# overall and -4% on code, within one run's noise, so it is not the default (benchmarks/draft_stop/).
+DRAFT_OPTIONS = {"vocab": 32768, "weights": "q4_0", "stop": 0.0, "branch": 0.0, "window": 0, "sinks": 4, "lookup": True}
+DEFAULT_K = 4  # draft tokens per step (the maximum when adaptive) unless --k says otherwise
+DRAFT_STOP_K = 8  # ... for a draft model that stops its own chains
 # Defaults sized for a CPU, where a verification pass costs more with every row past a few
 # (benchmarks/tree_cost.md) and every draft depth costs an output-head matmul.
 HEAD_OPTIONS = {"medusa": {"width": 3}, "eagle": {"topk": 2, "beam": 2, "depth": 5}}
@@ -45,13 +54,13 @@ class SpecConfig:
 
     method: str
     argument: str | None = None
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int | None = None  # None: the method's default (max_k)
     adaptive: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in ("ngram", "layerskip", "draft", "lookahead", *HEAD_OPTIONS):
             raise ValueError(f"unknown speculative method {self.method!r}; expected {SPEC_METHODS_HELP}")
-        if not 1 <= self.num_speculative_tokens <= 32:
+        if self.num_speculative_tokens is not None and not 1 <= self.num_speculative_tokens <= 32:
             raise ValueError(f"--k must be in 1..32, got {self.num_speculative_tokens}")
         if self.method == "layerskip" and not (self.argument or "").isdigit():
             raise ValueError(f"layerskip needs a layer count, e.g. layerskip:4; got {self.argument!r}")
@@ -110,17 +119,28 @@ class SpecConfig:
                 options[key] = value == "on"
             elif key == "weights" and value:
                 options[key] = WeightFormat.parse(value).label  # ValueError for an unknown format
-            elif key == "branch" and _is_fraction(value):
+            elif key in ("branch", "stop") and _is_fraction(value):
                 options[key] = float(value)
             else:
                 raise ValueError(
-                    f"bad draft option {item!r}; expected vocab=N (0 = all tokens), weights=FORMAT, "
-                    "branch=T (0 <= T < 1), window=N (0 = the whole prompt), sinks=N or lookup=on|off"
+                    f"bad draft option {item!r}; expected vocab=N (0 = all tokens), weights=FORMAT, stop=P "
+                    "(0 <= P < 1), branch=T (0 <= T < 1), window=N (0 = the whole prompt), sinks=N or lookup=on|off"
                 )
         return path, options
 
+    @property
+    def max_k(self) -> int:
+        """K: draft tokens per step (the maximum when adaptive), as given or the method's default."""
+        if self.num_speculative_tokens is not None:
+            return self.num_speculative_tokens
+        if self.method == "draft":
+            options = self.draft_path_and_options()[1]
+            if options["stop"] > 0 and not options["branch"]:
+                return DRAFT_STOP_K
+        return DEFAULT_K
+
     @classmethod
-    def parse(cls, spec: str, num_speculative_tokens: int = 4, adaptive: bool = True) -> SpecConfig:
+    def parse(cls, spec: str, num_speculative_tokens: int | None = None, adaptive: bool = True) -> SpecConfig:
         method, _, argument = spec.partition(":")
         return cls(method.strip().lower(), argument or None, num_speculative_tokens, adaptive)
 

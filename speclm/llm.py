@@ -32,12 +32,12 @@ class LLM:
     model: None (the default SmolLM2-135M-Instruct), a .gguf file, a Hugging Face model directory,
     a llama2.c .bin (with tokenizer=...), or a hub id (needs a network).
     spec: None, or 'ngram', 'layerskip:N', 'draft:PATH', 'medusa:PATH', 'eagle:PATH' (see
-    speclm.config.SPEC_METHODS_HELP for options); num_speculative_tokens is K (the maximum when
-    adaptive; the node budget of medusa/eagle trees). weights: the runtime format of the linear
-    layers: auto (the default: a GGUF file's own quantization types, fp32 for other files) | fp32 |
-    bf16 | int8 | int4[:GROUP] (see speclm.models.weight_formats). cache: the paged KV cache the engine
-    runs on; spec_max_batch: the engine drafts only in steps with at most this many sequences (running
-    or waiting to be admitted; None: the method's default, SpecConfig.default_max_batch).
+    speclm.config.SPEC_METHODS_HELP for options); num_speculative_tokens is K (the maximum when adaptive; the node
+    budget of medusa/eagle trees; None: the method's default, SpecConfig.max_k). weights: the runtime format of
+    the linear layers: auto (the default: a GGUF file's own quantization types, fp32 for other files) | fp32 |
+    bf16 | int8 | int4[:GROUP] (see speclm.models.weight_formats). cache: the paged KV cache the engine runs on;
+    spec_max_batch: the engine drafts only in steps with at most this many sequences (running or waiting to be
+    admitted; None: the method's default, SpecConfig.default_max_batch).
     device: auto (the default: a CUDA GPU when torch sees one, else the CPU) | cpu | cuda | cuda:N; on a
     GPU the weights are dense bf16 (auto, bf16; fp16 where bf16 is missing) or fp32. cuda_graphs: on a
     GPU, decode and verification steps replay CUDA graphs (False: every step eager); batch_invariant: on a
@@ -53,7 +53,7 @@ class LLM:
         model: str | None = None,
         tokenizer: str | None = None,
         spec: str | SpecConfig | None = None,
-        num_speculative_tokens: int = 4,
+        num_speculative_tokens: int | None = None,
         adaptive: bool = True,
         threads: int | None = None,
         weights: str | None = "auto",
@@ -103,7 +103,9 @@ class LLM:
             )
         return self._engine
 
-    def with_spec(self, spec: str | SpecConfig | None, num_speculative_tokens: int = 4, adaptive: bool = True) -> LLM:
+    def with_spec(
+        self, spec: str | SpecConfig | None, num_speculative_tokens: int | None = None, adaptive: bool = True
+    ) -> LLM:
         """A new LLM sharing this one's weights, tokenizer and loaded proposers, with another speculative method."""
         other = self._sibling()
         other._set_spec(SpecConfig.parse(spec, num_speculative_tokens, adaptive) if isinstance(spec, str) else spec)

@@ -29,7 +29,7 @@ PERPLEXITY_TEXT = (
 class SpeclmEngine:
     """One speclm configuration (weight format x decoding method) behind the peers' interface."""
 
-    def __init__(self, llm: LLM, spec: str | None, k: int) -> None:
+    def __init__(self, llm: LLM, spec: str | None, k: int | None) -> None:
         self.llm = llm.with_spec(spec, k) if spec else llm.with_spec(None)
         self.name = f"speclm {llm.weights.label} " + (spec or "ar")
 

@@ -21,6 +21,7 @@ from speclm.bench.compare import (
 )
 from speclm.bench.machine import machine_info
 from speclm.bench.report import output_paths, write_json
+from speclm.config import DEFAULT_K
 from speclm.llm import LLM
 
 PEERS = ("llama.cpp", "transformers")
@@ -57,13 +58,16 @@ def run_compare(args: argparse.Namespace, prompts: list[dict]) -> dict:
         from speclm.bench.peers import LlamaCppPeer
 
         log("loading llama.cpp (llama-cpp-python) ...")
-        engines += [LlamaCppPeer(model_path, threads), LlamaCppPeer(model_path, threads, prompt_lookup=args.k)]
+        engines += [
+            LlamaCppPeer(model_path, threads),
+            LlamaCppPeer(model_path, threads, prompt_lookup=args.k or DEFAULT_K),
+        ]
     if "transformers" in peers:
         from speclm.bench.peers import TransformersPeer
 
         log("loading transformers (fp32) ...")
         ar = TransformersPeer(model_path)
-        engines += [ar, TransformersPeer(model_path, prompt_lookup=args.k, model=ar.model)]
+        engines += [ar, TransformersPeer(model_path, prompt_lookup=args.k or DEFAULT_K, model=ar.model)]
 
     records = time_engines(engines, prompt_ids, args.max_tokens, args.repeats, progress=log)
     reference = f"speclm {formats[0]} ar"

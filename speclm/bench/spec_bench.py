@@ -13,7 +13,7 @@ from speclm.llm import LLM
 from speclm.sampling_params import SamplingParams
 
 
-def parse_method(method: str, k: int, adaptive: bool) -> tuple[str | None, int, bool]:
+def parse_method(method: str, k: int | None, adaptive: bool) -> tuple[str | None, int | None, bool]:
     """'ar' is plain decoding (spec None); anything else is a --spec value, optionally ending in @K for a
     fixed K (e.g. draft:PATH@4) instead of the run's K and adaptivity."""
     if method == "ar":

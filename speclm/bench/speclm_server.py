@@ -13,11 +13,13 @@ class SpeclmServer:
     """`speclm serve` with `options` (its command-line options: model, threads, cache) and `spec` (a --spec
     method; None: no speculation)."""
 
-    def __init__(self, name: str, options: list[str], spec: str | None, k: int, adaptive: bool) -> None:
+    def __init__(self, name: str, options: list[str], spec: str | None, k: int | None, adaptive: bool) -> None:
         self.name = name
         self.argv = [sys.executable, "-m", "speclm", "serve", *options]
         if spec is not None:
-            self.argv += ["--spec", spec, "--k", str(k)] + ([] if adaptive else ["--no-adaptive"])
+            self.argv += (
+                ["--spec", spec] + ([] if k is None else ["--k", str(k)]) + ([] if adaptive else ["--no-adaptive"])
+            )
 
     def serving(self, slots: int, context: int):
         """A context manager yielding the server's URL (its pool is sized by the cache options; `slots` and

@@ -11,7 +11,7 @@ from speclm.bench.llama_cli import PEERS as LLAMA_PEERS
 from speclm.bench.llama_cli import LlamaCliPeer
 from speclm.cli.common import add_model_args, load_llm, split_methods
 from speclm.cli.serve import add_cache_args
-from speclm.config import SpecConfig
+from speclm.config import DEFAULT_K, SpecConfig
 from speclm.data import SPECBENCH_PROMPTS
 
 DEFAULT_PROMPTS = SPECBENCH_PROMPTS
@@ -56,7 +56,12 @@ def register(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--k", type=int, default=4, help="draft tokens per step, the maximum when adaptive (default 4)")
+    p.add_argument(
+        "--k",
+        type=int,
+        default=None,
+        help="draft tokens per step, the maximum when adaptive (default 8 for draft:PATH,stop=P, 4 otherwise)",
+    )
     p.add_argument("--no-adaptive", action="store_true", help="fixed K instead of adaptive speculation length")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
     p.add_argument("--no-chat", action="store_true", help="feed prompts raw instead of through the chat template")
@@ -129,7 +134,7 @@ def llama_peer(name: str, model_path: str, methods: list[str], args: argparse.Na
     """A llama.cpp program on the same model; llama-speculative takes the first draft:PATH method's model
     and --k as its maximum draft length."""
     threads = args.threads or os.cpu_count() or 1
-    return LlamaCliPeer(name, args.llama_bin, model_path, threads, first_draft(methods), args.k)
+    return LlamaCliPeer(name, args.llama_bin, model_path, threads, first_draft(methods), args.k or DEFAULT_K)
 
 
 TRANSFORMERS_PEERS = ["transformers", "transformers-assisted"]
@@ -145,7 +150,9 @@ def transformers_peer(name: str, llm, methods: list[str], args: argparse.Namespa
 
     print(f"loading peer {name} (transformers, fp32) ...", file=sys.stderr)
     assistant = first_draft(methods) if name == "transformers-assisted" else None
-    return TransformersBenchPeer(TransformersPeer(llm.model_path, assistant=assistant, assistant_tokens=args.k), decode)
+    return TransformersBenchPeer(
+        TransformersPeer(llm.model_path, assistant=assistant, assistant_tokens=args.k or DEFAULT_K), decode
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ import sys
 
 from speclm.cli.common import add_model_args, load_llm, split_methods
 from speclm.cli.serve import add_cache_args
+from speclm.config import SpecConfig
 
 NOTE = (
     "Absolute numbers depend on what else the machine runs (this tool does not check); ratios between "
@@ -72,7 +73,8 @@ def run_serve(args: argparse.Namespace) -> int:
     servers, inprocess, served_llms = [], {}, {}
     for method in methods:
         spec = None if method == "ar" else method
-        label = "no speculation" if spec is None else f"{method} (K={args.k}{'' if args.no_adaptive else ', adaptive'})"
+        k = None if spec is None else SpecConfig.parse(method, args.k).max_k
+        label = "no speculation" if spec is None else f"{method} (K={k}{'' if args.no_adaptive else ', adaptive'})"
         servers.append(SpeclmServer(label, options, spec, args.k, not args.no_adaptive))
         if args.compare_inprocess:  # on this thread, which loaded the model, as the server's engine runs
             served_llms[label] = llm if spec is None else llm.with_spec(method, args.k, not args.no_adaptive)

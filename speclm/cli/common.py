@@ -106,7 +106,12 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
         metavar="METHOD",
         help=f"proposer: {SPEC_METHODS_HELP}. Default: plain autoregressive decoding",
     )
-    g.add_argument("--k", type=int, default=4, help="draft tokens per step (the maximum when adaptive; default 4)")
+    g.add_argument(
+        "--k",
+        type=int,
+        default=None,
+        help="draft tokens per step (the maximum when adaptive; default 8 for draft:PATH,stop=P, 4 otherwise)",
+    )
     g.add_argument(
         "--no-adaptive",
         action="store_true",
@@ -214,7 +219,7 @@ def load_llm(args: argparse.Namespace, cache=None, spec_max_batch: int | None = 
         model=args.model,
         tokenizer=args.tokenizer,
         spec=getattr(args, "spec", None),
-        num_speculative_tokens=getattr(args, "k", 4),
+        num_speculative_tokens=getattr(args, "k", None),
         adaptive=not getattr(args, "no_adaptive", False),
         threads=args.threads,
         weights=args.weights,

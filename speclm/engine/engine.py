@@ -181,7 +181,7 @@ class Engine:
             return None
         return Speculation.of(
             self.make_proposer(spec),
-            spec.num_speculative_tokens,
+            spec.max_k,
             spec.adaptive,
             prompt_ids,
             max_total_tokens,

@@ -112,6 +112,11 @@ class DraftModelProposer(Proposer):
     their real positions, a gap where the middle was); renumbering them (`renumber=True`) made no
     consistent difference (benchmarks/draft_window/draft_window.md). The target verifies every draft,
     so what the draft reads never changes the output, only how often it is right.
+
+    With a `stop` P > 0 a chain ends before its K drafts once the product of the draft's top probabilities
+    along it (its own estimate that every draft so far will be accepted) falls below P: the last draft is
+    still proposed (its logits are paid for; a verification row costs little), but no further draft pass
+    is run. The length depends on the draft's distributions only, so the output stays exact.
     """
 
     samples_under_grammar = True
@@ -125,9 +130,13 @@ class DraftModelProposer(Proposer):
         window: int = 0,
         sinks: int = 0,
         renumber: bool = False,
+        stop: float = 0.0,
     ) -> None:
         if window < 0 or sinks < 0:
             raise ValueError(f"a draft's prompt window and sinks must be >= 0, got window={window}, sinks={sinks}")
+        if not 0.0 <= stop < 1.0:
+            raise ValueError(f"a draft's stop must be in [0, 1), got {stop}")
+        self.stop = stop
         self.model = model
         if model.lean_ops is None:  # a draft model of its own (layerskip shares the runner's target)
             model.use_lean_ops()
@@ -262,16 +271,22 @@ class DraftModelProposer(Proposer):
             return self._propose_under_grammar(logits, k, params, generator)
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
+        sure = 1.0  # the product of the draft's top probabilities along the chain
         for i in range(k):
             if params.greedy:
                 token = self.head.token(int(logits.argmax(-1)))
+                top = float(torch.softmax(logits[0], dim=-1).max()) if self.stop else 1.0
             else:
                 q = self.head.full_vocab(processed_probs(logits, params))  # [1, vocab]
                 token = int(sample_from_probs(q, generator))
                 probs.append(q[0])
+                top = float(q[0].max())
             tokens.append(token)
-            if i + 1 < k:
+            sure *= top
+            if i + 1 < k and sure >= self.stop:
                 logits = self._feed([token])
+            else:
+                break
         return Proposal(tokens, torch.stack(probs) if probs else None)
 
     def _propose_under_grammar(
@@ -281,7 +296,7 @@ class DraftModelProposer(Proposer):
         context's end, advanced over each draft and rolled back after): every draft is one the grammar
         allows, and q is the distribution it was really drawn from, so verification stays exact. Stops
         at a dead end and after an EOS."""
-        grammar, tokens, probs, advanced = self.grammar, [], [], 0
+        grammar, tokens, probs, advanced, sure = self.grammar, [], [], 0, 1.0
         try:
             for i in range(k):
                 with grammar.timed():
@@ -296,11 +311,14 @@ class DraftModelProposer(Proposer):
                     token = int(sample_from_probs(q, generator))
                     probs.append(q[0])
                 tokens.append(token)
+                sure *= float(torch.softmax(masked[0], dim=-1).max()) if params.greedy else float(q[0].max())
                 if token in grammar.vocab.eos_token_ids or grammar.advance([token]) != 1:
                     break
                 advanced += 1
-                if i + 1 < k:
+                if i + 1 < k and sure >= self.stop:
                     logits = self._feed([token])
+                else:
+                    break
         finally:
             grammar.rollback(advanced)
         return Proposal(tokens, torch.stack(probs) if probs else None)

@@ -106,11 +106,11 @@ def build_draft_proposer(
     else:
         draft = build_model(checkpoint, weights=options["weights"])
     del checkpoint
-    window = {"window": options["window"], "sinks": options["sinks"]}
+    chain = {"window": options["window"], "sinks": options["sinks"], "stop": options["stop"]}
     if options["branch"]:
-        proposer = DraftTreeProposer(draft, options["branch"], name=spec.label, token_map=token_map, **window)
+        proposer = DraftTreeProposer(draft, options["branch"], name=spec.label, token_map=token_map, **chain)
     else:
-        proposer = DraftModelProposer(draft, name=spec.label, token_map=token_map, **window)
+        proposer = DraftModelProposer(draft, name=spec.label, token_map=token_map, **chain)
     proposer.calibrate()
     return proposer
 

@@ -89,6 +89,8 @@ CASES = {
     # there), the draft model (q) elsewhere; "hybrid-coin" picks the source by a coin per step.
     "hybrid-lookup": ("draft", "Tom had a red ball. Tom had a red ball. Tom had a", SamplingParams(temperature=1.0), 2),
     "hybrid-coin": ("hybrid-coin", "Tom had a red ball. Tom had a", SamplingParams(temperature=1.5), 2),
+    # a chain the draft ends itself where it is unsure (stop): proposals of varying length, set by q
+    "draft-stop": ("draft,lookup=off,stop=0.9", "", SamplingParams(temperature=1.5), 2),
     "pure-draft-window": (
         "draft,lookup=off,window=3,sinks=1",
         "Tom had a red ball.",

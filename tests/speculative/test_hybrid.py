@@ -100,7 +100,7 @@ def test_a_windowed_draft_is_its_rows_and_the_memo_keeps_it_so(stories_llm, pert
     second.start(ids, 128)
     assert second.cache.length == len(second.view(ids)) - 1  # copied from the memo
     assert second.propose(ids, 3, GREEDY, None).tokens == drafts
-    plain = DraftModelProposer(first.model)  # no window, over the view as its whole prompt
+    plain = DraftModelProposer(first.model, stop=first.stop)  # no window, over the view as its whole prompt
     view = first.view(ids)
     positions = first._positions(0, len(view) + 8)  # the view's and the drafts'
     plain.start(view, 128)
