@@ -29,9 +29,8 @@ SPEC_METHODS_HELP = (
 # stop = P in [0, 1): the draft ends its chain once the product of its top probabilities along it (its own
 # estimate that every draft so far is accepted) falls below P, so a sure chain runs long and an unsure one
 # costs no further draft passes (0, the default: always the K the controller asks for). With a stop the
-# default K is DRAFT_STOP_K. On the real pair a simulation over teacher-forced traces (at the AVX-512 VM's
-# costs) puts P = 0.5 with K up to 8 at +6% overall and +12% on code; served on an AVX2 VM it was +2.5%
-# overall and -4% on code, within one run's noise, so it is not the default (benchmarks/draft_stop/).
+# default K is DRAFT_STOP_K. Off by default until a served run shows the gain that a simulation predicts
+# (benchmarks/draft_stop/README.md).
 DRAFT_OPTIONS = {"vocab": 32768, "weights": "q4_0", "stop": 0.0, "branch": 0.0, "window": 0, "sinks": 4, "lookup": True}
 DEFAULT_K = 4  # draft tokens per step (the maximum when adaptive) unless --k says otherwise
 DRAFT_STOP_K = 8  # ... for a draft model that stops its own chains
