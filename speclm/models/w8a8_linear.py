@@ -11,6 +11,9 @@ depend on the other rows in the call. Each row is instead divided by its own abs
 row holding +1 and -1 is put in front: every call then quantizes on the same [-1, 1] grid, and the
 integer GEMM is exact, so a row's output does not depend on the batch (a verification row equals
 the decoding call for the same token bit for bit). The row's absmax is multiplied back afterwards.
+fbgemm runs only where speclm's kernel does not (no AVX-512 VNNI), and there its int8 products go
+through VPMADDUBSW, whose 16-bit pair sums saturate with 8-bit activations (far off the float product
+on an AVX2 CPU, test_w8a8_linear.py): it is called with reduce_range, 7-bit activations, which cannot.
 """
 
 from __future__ import annotations
@@ -98,7 +101,7 @@ class W8A8Linear(OpModule):
             self._rows = rows
         absmax = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True).clamp_(min=1e-30)  # [n, 1]
         torch.div(x, absmax, out=self._rows[1 : n + 1])
-        y = torch.ops.quantized.linear_dynamic(self._rows[: n + 1], self.packed, False)[1:] * absmax  # [n, out]
+        y = torch.ops.quantized.linear_dynamic(self._rows[: n + 1], self.packed, True)[1:] * absmax  # [n, out]
         return y if self.bias is None else y + self.bias
 
     def op(self):
