@@ -102,7 +102,7 @@ def cpu_kernels() -> ModuleType | None:
     build_dir = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "speclm" / "kernels") / name
     build_dir.mkdir(parents=True, exist_ok=True)
     if not (build_dir / f"{name}.so").exists():
-        print("speclm: compiling the CPU kernels (once per machine, about 30-60 s)...", file=sys.stderr, flush=True)
+        print("speclm: compiling the CPU kernels (once per machine: 1-5 minutes)...", file=sys.stderr, flush=True)
     try:
         with _build_lock(build_dir):
             return cpp_extension.load(
