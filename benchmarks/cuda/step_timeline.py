@@ -28,6 +28,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_cuda import QWEN_1_5B, TINY, card, llm_from_model, random_pair, sync  # noqa: E402
 
+from speclm.models.weight_prefetch import WeightPrefetch  # noqa: E402
+
 STEPS = 64
 
 
@@ -63,7 +65,7 @@ def timeline(llm, prompt: list[int]) -> dict:
     try:
         sync(llm.device)
         t0 = time.perf_counter()
-        llm.generate([prompt], SamplingParams(max_tokens=STEPS, ignore_eos=True))
+        out = llm.generate([prompt], SamplingParams(max_tokens=STEPS, ignore_eos=True))
         sync(llm.device)
         wall = time.perf_counter() - t0
     finally:
@@ -73,6 +75,7 @@ def timeline(llm, prompt: list[int]) -> dict:
         "step": 1e3 * statistics.median(steps[1:]),  # (the first step is the prompt's)
         "tokens_per_s": STEPS / wall,
         "ahead_hits": graphs.ahead_hits if graphs is not None else 0,
+        "tokens": list(out[0].token_ids),
     }
 
 
@@ -128,6 +131,7 @@ def main() -> int:
     prompt = [int(t) for t in torch.randint(0, shapes["vocab_size"], (32,), generator=g)]
     mode = "auto" if device.type == "cuda" else "eager"
     results = {"card": card(device)[0], "steps": STEPS, "variants": []}
+    reference = None  # the first variant's tokens: every variant must give the same
     for variant in args.variants.split(","):
         # before: as main was at 7d32a17 (no step run ahead, the attention kernel's former plan, the head's
         # fp32 logits and torch's argmax in the pass); no_ahead: the engine but for running steps ahead
@@ -139,12 +143,18 @@ def main() -> int:
             graphs._pass = old_pass(graphs)
         if variant in ("before", "no_ahead"):
             llm.engine._ahead = lambda plan: False
+        if variant.startswith("pf="):  # an L2 prefetch plan (speclm/models/weight_prefetch.py)
+            model.weight_prefetch = WeightPrefetch(model.layers, variant[3:])
         try:
             row = timeline(llm, prompt)
             row["chained_ms"] = chained(llm, prompt, read_back=False)
             row["chained_read_ms"] = chained(llm, prompt, read_back=True)
         except Exception as e:  # (one variant failing does not lose the others)
             row = {"error": f"{type(e).__name__}: {e}"}
+        model.weight_prefetch = None
+        tokens = row.pop("tokens", None)
+        reference = reference if reference is not None else tokens
+        row["same_tokens"] = tokens is not None and tokens == reference
         results["variants"].append({"variant": variant, **row})
         print(variant, json.dumps(row), flush=True)
         llm.runner.model.use_lean_ops(gemm_rows=None)  # (the next runner sets its own)
