@@ -1,8 +1,8 @@
 """Does an L2 prefetch of a weight make the GEMM that reads it next faster? gate_up_proj and down_proj of
 Qwen2.5-1.5B (bf16, column-major as speclm stores them, 32 rows as a batch-1 step runs them): GPU us per GEMM
 alone, per prefetch alone, and per prefetch-then-GEMM on one stream, for the first MB of the weight prefetched
-in each mode of speclm/kernels/triton_prefetch.py. Each call reads another copy of the weight (copies past L2).
-A diagnostic for issue 32 (speclm/models/weight_prefetch.py).
+in each mode of l2_prefetch.py beside this file. Each call reads another copy of the weight (copies past L2).
+A diagnostic for issue 32 (l2_prefetch_h100.md).
 
     python benchmarks/cuda/bench_prefetch.py --out DIR      (on the GPU machine)
 """
@@ -19,8 +19,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_splitk import gpu_us_per_call  # noqa: E402
-
-from speclm.kernels.triton_prefetch import prefetch_l2  # noqa: E402
+from l2_prefetch import prefetch_l2  # noqa: E402
 
 STREAM_BYTES = 512 << 20
 

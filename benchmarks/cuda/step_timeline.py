@@ -28,8 +28,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_cuda import QWEN_1_5B, TINY, card, llm_from_model, random_pair, sync  # noqa: E402
 
-from speclm.models.weight_prefetch import WeightPrefetch  # noqa: E402
-
 STEPS = 64
 
 
@@ -143,15 +141,12 @@ def main() -> int:
             graphs._pass = old_pass(graphs)
         if variant in ("before", "no_ahead"):
             llm.engine._ahead = lambda plan: False
-        if variant.startswith("pf="):  # an L2 prefetch plan (speclm/models/weight_prefetch.py)
-            model.weight_prefetch = WeightPrefetch(model.layers, variant[3:])
         try:
             row = timeline(llm, prompt)
             row["chained_ms"] = chained(llm, prompt, read_back=False)
             row["chained_read_ms"] = chained(llm, prompt, read_back=True)
         except Exception as e:  # (one variant failing does not lose the others)
             row = {"error": f"{type(e).__name__}: {e}"}
-        model.weight_prefetch = None
         tokens = row.pop("tokens", None)
         reference = reference if reference is not None else tokens
         row["same_tokens"] = tokens is not None and tokens == reference

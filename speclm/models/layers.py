@@ -120,26 +120,14 @@ def decoder_layer(
 
 
 def residual_layer(
-    x,
-    normed,
-    k: LayerOps,
-    next_norm,
-    cos,
-    sin,
-    k_cache,
-    v_cache,
-    meta: AttentionMetadata | PagedAttentionMetadata,
-    between=None,
+    x, normed, k: LayerOps, next_norm, cos, sin, k_cache, v_cache, meta: AttentionMetadata | PagedAttentionMetadata
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """decoder_layer from x and its input norm `normed`: (the layer's output, next_norm of it: the next
-    layer's input norm, or the final norm). Each residual add runs with the norm after it (add_norm).
-    `between`: called after the attention block (a GPU's weight prefetch forks there)."""
+    layer's input norm, or the final norm). Each residual add runs with the norm after it (add_norm)."""
     attn = self_attention(
         normed, k.qkv_proj, k.o_proj, k.num_heads, k.num_kv_heads, k.head_dim, cos, sin, k_cache, v_cache, meta
     )
     x, normed = add_norm(x, attn, k.post_attention_norm)
-    if between is not None:
-        between()
     return add_norm(x, swiglu(normed, k.gate_up_proj, k.down_proj, k.intermediate_size), next_norm)
 
 

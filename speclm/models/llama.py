@@ -15,7 +15,6 @@ from speclm.models.linear import Linear, linear_op, row_chunked
 from speclm.models.native_decoder import native_decoder, native_rows
 from speclm.models.rope import RotaryEmbedding
 from speclm.models.variants import make_layers, variant_layer
-from speclm.models.weight_prefetch import MAX_ROWS as PREFETCH_ROWS
 
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # the linear fields of LayerOps and VariantOps
 
@@ -49,7 +48,6 @@ class LlamaModel(nn.Module):
         self.lean_ops: list[LayerOps] | None = None  # see use_lean_ops
         self.head_op: TensorFn | None = None
         self.native_decoder = None  # see use_lean_ops
-        self.weight_prefetch = None  # a GPU's L2 prefetch plan for decoding passes (models/weight_prefetch.py)
 
     @property
     def act_dtype(self) -> torch.dtype:
@@ -138,24 +136,18 @@ class LlamaModel(nn.Module):
         # one kind: LayerOps, or VariantOps for the newer families.)
         carried = ops is not None and type(ops[0]) is LayerOps
         normed = ops[0].input_norm(x) if carried else None
-        prefetch = self.weight_prefetch if carried and ops is self.lean_ops and x.shape[0] <= PREFETCH_ROWS else None
         for i in range(count):
-            if prefetch is not None:
-                prefetch.layer(i)
             k_cache, v_cache = cache.layer(i)
             is_local = self.config.is_local(i)
             c, s = local if local is not None and is_local else (cos, sin)
             m = meta.local if is_local and meta.local is not None else meta  # (a pool of their own)
             if carried:
                 next_norm = ops[i + 1].input_norm if i + 1 < count else self.norm
-                between = None if prefetch is None else functools.partial(prefetch.mid, i)
-                x, normed = residual_layer(x, normed, ops[i], next_norm, c, s, k_cache, v_cache, m, between)
+                x, normed = residual_layer(x, normed, ops[i], next_norm, c, s, k_cache, v_cache, m)
             elif ops is None:
                 x = self.layers[i](x, c, s, k_cache, v_cache, m)
             else:
                 x = variant_layer(x, ops[i], c, s, k_cache, v_cache, m)
-        if prefetch is not None:
-            prefetch.join()
         return normed if carried else self.norm(x)
 
     @torch.inference_mode()

@@ -1,9 +1,10 @@
-"""Prefetching a weight's bytes into the GPU's L2 cache from a side stream (imported only for CUDA tensors).
+"""Prefetching a weight's bytes into the GPU's L2 cache: an experiment of issue 32, not in the package
+(l2_prefetch_h100.md: 0.5-0.8% of a batch-1 step at best; bench_prefetch.py uses these kernels).
 
 A batch-1 decode step spends a third of its time in latency-bound kernels (norms, rotary, attention, the small
-qkv and o projections) while the memory bus idles; bytes that the next bandwidth-bound GEMM will read can be
-brought into L2 meanwhile (speclm/models/weight_prefetch.py decides which). Nothing is written but a sink that
-no prefetch ever stores to, so a prefetch never changes a result. Three ways to issue it:
+qkv and o projections) while the memory bus idles; bytes that the next bandwidth-bound GEMM will read could be
+brought into L2 meanwhile from a side stream. Nothing is written but a sink that no prefetch ever stores to, so
+a prefetch never changes a result. Ways to issue it:
 
 - "bulk": Hopper's bulk-copy engine (`cp.async.bulk.prefetch.L2`), one instruction per CHUNK bytes (sm_90+);
   "bulkL" the same at L2's evict-last priority;
