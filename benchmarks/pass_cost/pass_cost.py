@@ -44,11 +44,15 @@ def measure(runner, variants: list[tuple[str, str]], rows: list[int], context: i
 
     times: dict[tuple[str, str, int], list[float]] = {(d, lay, r): [] for d, lay in variants for r in rows}
     previous = kernels.gguf_set_prefetch(*distances(variants[0][0]))
+    group = kernels.gguf_set_row_group(6)
+    kernels.gguf_set_row_group(group)
     try:
         for round_ in range(rounds + 1):
             for d, layers in variants:
                 kernels.gguf_set_prefetch(*distances(d))
-                model.native_decoder = native if layers == "native" else None
+                way, _, rows_a_pass = layers.partition("@")
+                kernels.gguf_set_row_group(int(rows_a_pass) if rows_a_pass else group)
+                model.native_decoder = native if way == "native" else None
                 for r in rows:
                     t0 = time.perf_counter()
                     run(r)
@@ -56,6 +60,7 @@ def measure(runner, variants: list[tuple[str, str]], rows: list[int], context: i
                         times[d, layers, r].append(time.perf_counter() - t0)
     finally:
         kernels.gguf_set_prefetch(*previous)
+        kernels.gguf_set_row_group(group)
         model.native_decoder = native
     return [
         {
@@ -113,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         "--variants",
         default="0:python,2048:python,0:native,1024:native,2048:native,3072:native,4096:native,2048/3072:native",
         help="comma-separated PREFETCH_BYTES:LAYERS (layers: native or python); the first is the baseline. "
-        "PREFETCH_BYTES is one distance for every pass or ONE_ROW/SEVERAL_ROWS (the kernels' default: 2048/3072)",
+        "PREFETCH_BYTES is one distance for every pass or ONE_ROW/SEVERAL_ROWS (the kernels' default: 2048/3072); "
+        "LAYERS@N also sets the rows gguf_matmul multiplies in one pass over the weights (1-6; default: the kernels')",
     )
     parser.add_argument("--rows", default="1,5,6", help="rows per pass: 1 (decoding) and K+1 (verification of K)")
     parser.add_argument("--context", type=int, default=256, help="tokens already cached")
@@ -127,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         rows = sorted({int(r) for r in args.rows.split(",")} | {1})
     except (ValueError, IndexError):
         parser.error(f"--variants takes BYTES:LAYERS items and --rows integers, got {args.variants!r}, {args.rows!r}")
-    bad_layers = any(lay not in LAYERS for _, lay in variants)
+    bad_layers = any(
+        lay.partition("@")[0] not in LAYERS or lay.partition("@")[2] not in ("", *"123456") for _, lay in variants
+    )
     if any(b < 0 or b % 64 for b in bytes_) or bad_layers or min(rows) < 1 or args.rounds < 1:
         parser.error("prefetch bytes must be multiples of 64 >= 0, layers native or python, rows >= 1, rounds >= 1")
     kernels = cpu_kernels()

@@ -39,7 +39,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "fp32 rows quantized as gguf_matmul quantizes them (Q8_K or Q8_0): codes, block scales, code sums");
   m.def("gguf_select_rows", &gguf_select_rows, "a repacked GGUF tensor of some rows of another",
         py::call_guard<py::gil_scoped_release>());
-  m.def("gguf_available", &gguf_available, "whether gguf_matmul was compiled (AVX-512 VNNI)");
+  m.def("gguf_available", &gguf_available, "whether gguf_matmul was compiled (AVX-512 VNNI or AVX2)");
+  m.def("gguf_set_row_group", &gguf_set_row_group, py::arg("rows"),
+        "activation rows gguf_matmul multiplies in one pass over the weights (1 to 6); returns the previous number");
   m.def("gguf_set_prefetch", &gguf_set_prefetch, py::arg("one_row"), py::arg("rows"),
         "bytes gguf_matmul prefetches ahead of the weights in a pass over one row and over several (multiples of 64; "
         "0: none); returns the previous two");

@@ -16,3 +16,5 @@ at::Tensor gguf_select_rows(const at::Tensor& packed, int64_t type, int64_t k_in
 bool gguf_available();
 // Bytes prefetched ahead of the weights in a pass over one row and over several; returns the previous two.
 std::vector<int64_t> gguf_set_prefetch(int64_t one_row, int64_t rows);
+// Activation rows that share one pass over the weights (1 to 6); returns the previous number.
+int64_t gguf_set_row_group(int64_t rows);

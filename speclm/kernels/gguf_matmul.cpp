@@ -18,7 +18,10 @@ using namespace gguf;
 
 #if SPECLM_GGUF_SIMD
 namespace {
-constexpr int kRows = 6;  // activation rows sharing one pass over a record (a verification of K <= 5 drafts)
+constexpr int kRows = 6;  // the most activation rows sharing one pass over a record (a verification of K <= 5 drafts)
+// Rows sharing a pass (a speed setting: every number gives the same bits). On an AVX2 VM kRows beat 3 and 4
+// (benchmarks/pass_cost/pass_cost_qwen1.5b_avx2_epyc.md).
+int g_row_group = kRows;
 // Bytes ahead of the weights being read that are prefetched (0: none): the decoding work per byte leaves
 // too few loads in flight for the hardware prefetcher alone to keep a core's memory stream busy, and a
 // multi-row pass (verification) then pays its compute and its memory time one after the other. A pass
@@ -35,8 +38,8 @@ void run_type(const uint8_t* packed, int64_t out_blocks, int64_t blocks, int64_t
     alignas(64) float tail[kRows][16];
     for (int64_t ob = begin; ob < end; ++ob) {
       const bool partial = ob * 16 + 16 > n_out;
-      for (int64_t r0 = 0; r0 < m; r0 += kRows) {
-        const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r0));
+      for (int64_t r0 = 0; r0 < m; r0 += g_row_group) {
+        const int rows = static_cast<int>(std::min<int64_t>(g_row_group, m - r0));
         const QuantizedRow* xr[kRows];
         float* out[kRows];
         for (int t = 0; t < rows; ++t) {
@@ -74,6 +77,17 @@ std::vector<int64_t> gguf_set_prefetch(int64_t one_row, int64_t rows) {
   return previous;
 #else
   return {one_row, rows};
+#endif
+}
+
+int64_t gguf_set_row_group(int64_t rows) {
+  TORCH_CHECK(rows >= 1 && rows <= 6, "gguf_set_row_group: 1 to 6 rows");
+#if SPECLM_GGUF_SIMD
+  const int64_t previous = g_row_group;
+  g_row_group = static_cast<int>(rows);
+  return previous;
+#else
+  return rows;
 #endif
 }
 

@@ -27,7 +27,6 @@ struct F16 {  // 16 float lanes
 
 inline I16 zero16() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
 inline I16 add16(I16 x, I16 y) { return {_mm256_add_epi32(x.a, y.a), _mm256_add_epi32(x.b, y.b)}; }
-inline I16 mullo16(I16 x, I16 y) { return {_mm256_mullo_epi32(x.a, y.a), _mm256_mullo_epi32(x.b, y.b)}; }
 inline F16 cvt16(I16 x) { return {_mm256_cvtepi32_ps(x.a), _mm256_cvtepi32_ps(x.b)}; }
 inline F16 fp16x16(const uint8_t* p) {
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
@@ -41,10 +40,20 @@ inline __m256i dot4(__m256i acc, __m256i v, __m256i x) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(v, x), _mm256_set1_epi16(1)));
 }
 
-// The codes of one 32-input unit as gguf_microkernel.h's unit_dot: acc_lo over inputs 0..15, acc_hi over
-// 16..31 (the same array: the whole unit's sum). Q8_0's sums are of (code - 128) x, not code x.
-template <int T, int BITS>
-inline void unit_dot(const uint8_t* unit, const uint32_t* const* x4, int64_t quad0, I16* acc_lo, I16* acc_hi, int64_t prefetch) {
+// A unit's scales as VPMADDWD's other operand: each 32-bit lane holds its output's scale in both 16-bit halves.
+inline __m256i twice16(__m256i s32) { return _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16)); }
+
+// sum[t] += a 32-input unit's codes times row t's activations, times the unit's scales: sc_lo for inputs
+// 0..15, sc_hi for 16..31 (SPLIT false: sc_lo for all 32), scales as twice16 gives them. Q8_0's sums are of
+// (code - 128) x and take no scales.
+//
+// For codes of 4 to 6 bits, VPMADDUBSW's 16-bit pair sums are added in 16 bits for as many quads as cannot
+// overflow (a quad's pair sum is at most 2 x (2^BITS - 1) x 128): 4 bits 8 quads, 5 bits 4, 6 bits 2; one
+// VPMADDWD by the scales then widens them and applies the scales at once (no 32-bit multiply). Every integer
+// is the one the AVX-512 kernel computes.
+template <int T, int BITS, bool SPLIT>
+inline void unit_dot(const uint8_t* unit, const uint32_t* const* x4, int64_t quad0, I16 sc_lo, I16 sc_hi, I16* sum,
+                     int64_t prefetch) {
   if constexpr (BITS == 8) {
     const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
     for (int p = 0; p < 8; ++p) {
@@ -52,54 +61,69 @@ inline void unit_dot(const uint8_t* unit, const uint32_t* const* x4, int64_t qua
       const __m256i wa = _mm256_xor_si256(load256(unit + 64 * p), flip), wb = _mm256_xor_si256(load256(unit + 64 * p + 32), flip);
       const __m256i ua = _mm256_abs_epi8(wa), ub = _mm256_abs_epi8(wb);
       for (int t = 0; t < T; ++t) {
-        I16& acc = p < 4 ? acc_lo[t] : acc_hi[t];
         const __m256i x = _mm256_set1_epi32(static_cast<int>(x4[t][quad0 + p]));
-        acc.a = dot4(acc.a, ua, _mm256_sign_epi8(x, wa));
-        acc.b = dot4(acc.b, ub, _mm256_sign_epi8(x, wb));
+        sum[t].a = dot4(sum[t].a, ua, _mm256_sign_epi8(x, wa));
+        sum[t].b = dot4(sum[t].b, ub, _mm256_sign_epi8(x, wb));
       }
     }
-    return;
-  }
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  __m256i high_a[2] = {}, high_b[2] = {};
-  if constexpr (BITS == 5 || BITS == 6) {
-    high_a[0] = load256(unit + 256);
-    high_a[1] = load256(unit + 288);
-  }
-  if constexpr (BITS == 6) {
-    high_b[0] = load256(unit + 320);
-    high_b[1] = load256(unit + 352);
-  }
-  if (prefetch > 0 && BITS > 4)
-    for (int64_t b = 256; b < (BITS == 6 ? 384 : 320); b += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(unit + b + prefetch), _MM_HINT_T0);
-  for (int p = 0; p < 4; ++p) {
-    if (prefetch > 0) _mm_prefetch(reinterpret_cast<const char*>(unit + 64 * p + prefetch), _MM_HINT_T0);
-    __m256i lo[2], hi[2];
-    for (int h = 0; h < 2; ++h) {
-      const __m256i v = load256(unit + 64 * p + 32 * h);
-      lo[h] = _mm256_and_si256(v, low4);
-      hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-      if constexpr (BITS == 5) {
-        const __m256i one = _mm256_set1_epi8(1);
-        const __m128i sp = _mm_cvtsi32_si128(p), sp4 = _mm_cvtsi32_si128(p + 4);
-        lo[h] = _mm256_or_si256(lo[h], _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(high_a[h], sp), one), 4));
-        hi[h] = _mm256_or_si256(hi[h], _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(high_a[h], sp4), one), 4));
-      }
-      if constexpr (BITS == 6) {
-        const __m256i three = _mm256_set1_epi8(3);
-        const __m128i s2p = _mm_cvtsi32_si128(2 * p);
-        lo[h] = _mm256_or_si256(lo[h], _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(high_a[h], s2p), three), 4));
-        hi[h] = _mm256_or_si256(hi[h], _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(high_b[h], s2p), three), 4));
-      }
+  } else {
+    constexpr int QUADS = 32767 / (2 * ((1 << BITS) - 1) * 128);
+    constexpr int STEPS = SPLIT ? QUADS : QUADS / 2;  // p steps a 16-bit sum holds (a step: two quads unless SPLIT)
+    static_assert(STEPS >= 1 && 4 % STEPS == 0, "a step's quads must fit a 16-bit sum");
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256i high_a[2] = {}, high_b[2] = {};
+    if constexpr (BITS == 5 || BITS == 6) {
+      high_a[0] = load256(unit + 256);
+      high_a[1] = load256(unit + 288);
     }
-    for (int t = 0; t < T; ++t) {
-      const __m256i xl = _mm256_set1_epi32(static_cast<int>(x4[t][quad0 + p]));
-      const __m256i xh = _mm256_set1_epi32(static_cast<int>(x4[t][quad0 + p + 4]));
-      acc_lo[t].a = dot4(acc_lo[t].a, lo[0], xl);
-      acc_lo[t].b = dot4(acc_lo[t].b, lo[1], xl);
-      acc_hi[t].a = dot4(acc_hi[t].a, hi[0], xh);
-      acc_hi[t].b = dot4(acc_hi[t].b, hi[1], xh);
+    if constexpr (BITS == 6) {
+      high_b[0] = load256(unit + 320);
+      high_b[1] = load256(unit + 352);
+    }
+    if (prefetch > 0 && BITS > 4)
+      for (int64_t b = 256; b < (BITS == 6 ? 384 : 320); b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(unit + b + prefetch), _MM_HINT_T0);
+    for (int g = 0; g < 4; g += STEPS) {
+      I16 s_lo[T], s_hi[T];  // 16-bit sums (SPLIT false: s_lo only)
+      for (int t = 0; t < T; ++t) s_lo[t] = s_hi[t] = zero16();
+      for (int p = g; p < g + STEPS; ++p) {
+        if (prefetch > 0) _mm_prefetch(reinterpret_cast<const char*>(unit + 64 * p + prefetch), _MM_HINT_T0);
+        __m256i lo[2], hi[2];
+        for (int h = 0; h < 2; ++h) {
+          const __m256i v = load256(unit + 64 * p + 32 * h);
+          lo[h] = _mm256_and_si256(v, low4);
+          hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+          if constexpr (BITS == 5) {
+            const __m256i one = _mm256_set1_epi8(1);
+            const __m128i sp = _mm_cvtsi32_si128(p), sp4 = _mm_cvtsi32_si128(p + 4);
+            lo[h] = _mm256_or_si256(lo[h], _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(high_a[h], sp), one), 4));
+            hi[h] = _mm256_or_si256(hi[h], _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(high_a[h], sp4), one), 4));
+          }
+          if constexpr (BITS == 6) {
+            const __m256i three = _mm256_set1_epi8(3);
+            const __m128i s2p = _mm_cvtsi32_si128(2 * p);
+            lo[h] = _mm256_or_si256(lo[h], _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(high_a[h], s2p), three), 4));
+            hi[h] = _mm256_or_si256(hi[h], _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(high_b[h], s2p), three), 4));
+          }
+        }
+        for (int t = 0; t < T; ++t) {
+          const __m256i xl = _mm256_set1_epi32(static_cast<int>(x4[t][quad0 + p]));
+          const __m256i xh = _mm256_set1_epi32(static_cast<int>(x4[t][quad0 + p + 4]));
+          const __m256i la = _mm256_maddubs_epi16(lo[0], xl), lb = _mm256_maddubs_epi16(lo[1], xl);
+          const __m256i ha = _mm256_maddubs_epi16(hi[0], xh), hb = _mm256_maddubs_epi16(hi[1], xh);
+          if constexpr (SPLIT) {
+            s_lo[t] = {_mm256_add_epi16(s_lo[t].a, la), _mm256_add_epi16(s_lo[t].b, lb)};
+            s_hi[t] = {_mm256_add_epi16(s_hi[t].a, ha), _mm256_add_epi16(s_hi[t].b, hb)};
+          } else {
+            s_lo[t] = {_mm256_add_epi16(s_lo[t].a, _mm256_add_epi16(la, ha)), _mm256_add_epi16(s_lo[t].b, _mm256_add_epi16(lb, hb))};
+          }
+        }
+      }
+      for (int t = 0; t < T; ++t) {  // widened, times the scales
+        sum[t] = add16(sum[t], I16{_mm256_madd_epi16(s_lo[t].a, sc_lo.a), _mm256_madd_epi16(s_lo[t].b, sc_lo.b)});
+        if constexpr (SPLIT)
+          sum[t] = add16(sum[t], I16{_mm256_madd_epi16(s_hi[t].a, sc_hi.a), _mm256_madd_epi16(s_hi[t].b, sc_hi.b)});
+      }
     }
   }
 }
@@ -128,7 +152,8 @@ void block_rows(const uint8_t* rec, int64_t blocks, const QuantizedRow* const* x
     if constexpr (!K) {  // one 32-input unit per block
       I16 dot[T];
       for (int t = 0; t < T; ++t) dot[t] = zero16();
-      unit_dot<T, BITS>(units, x4, 8 * b, dot, dot, prefetch);
+      const I16 ones = {_mm256_set1_epi16(1), _mm256_set1_epi16(1)};
+      unit_dot<T, BITS, false>(units, x4, 8 * b, ones, ones, dot, prefetch);
       for (int t = 0; t < T; ++t) {
         const float dx = xr[t]->d[b];
         const int32_t sx = xr[t]->sums[b];
@@ -148,24 +173,20 @@ void block_rows(const uint8_t* rec, int64_t blocks, const QuantizedRow* const* x
       I16 sumi[T];
       for (int t = 0; t < T; ++t) sumi[t] = zero16();
       for (int u = 0; u < 8; ++u) {
-        I16 lo[T], hi[T];
-        for (int t = 0; t < T; ++t) lo[t] = hi[t] = zero16();
-        if constexpr (SPLIT)
-          unit_dot<T, BITS>(units + u * UNIT, x4, 64 * b + 8 * u, lo, hi, prefetch);
-        else
-          unit_dot<T, BITS>(units + u * UNIT, x4, 64 * b + 8 * u, lo, lo, prefetch);
+        I16 sc_lo, sc_hi;  // the unit's scales (Q6_K: of each 16-input half, signed)
         if constexpr (TYPE == kQ6_K) {  // two 16-input groups per unit (their scales one 16-bit pair)
           const uint8_t* at = rec + 32 + 32 * u;
           const I16 pair = {_mm256_cvtepi8_epi16(load128(at)), _mm256_cvtepi8_epi16(load128(at + 16))};
-          const I16 sc_lo = {_mm256_srai_epi32(_mm256_slli_epi32(pair.a, 16), 16), _mm256_srai_epi32(_mm256_slli_epi32(pair.b, 16), 16)};
-          const I16 sc_hi = {_mm256_srai_epi32(pair.a, 16), _mm256_srai_epi32(pair.b, 16)};
-          for (int t = 0; t < T; ++t) sumi[t] = add16(sumi[t], add16(mullo16(lo[t], sc_lo), mullo16(hi[t], sc_hi)));
+          auto first_of_pair = [](__m256i v) { return _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(v, 0xA0), 0xA0); };
+          auto second_of_pair = [](__m256i v) { return _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(v, 0xF5), 0xF5); };
+          sc_lo = {first_of_pair(pair.a), first_of_pair(pair.b)};
+          sc_hi = {second_of_pair(pair.a), second_of_pair(pair.b)};
         } else {
           const uint8_t* at = rec + 64 + 16 * u;
-          const I16 sc = {_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at))),
-                          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at + 8)))};
-          for (int t = 0; t < T; ++t) sumi[t] = add16(sumi[t], mullo16(lo[t], sc));
+          sc_lo = sc_hi = {twice16(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at)))),
+                           twice16(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at + 8))))};
         }
+        unit_dot<T, BITS, SPLIT>(units + u * UNIT, x4, 64 * b + 8 * u, sc_lo, sc_hi, sumi, prefetch);
       }
       // The terms that do not depend on the codes, from the rows' code sums in 16-bit pairs (VPMADDWD).
       I16 offset[T];

@@ -102,6 +102,51 @@ def test_native_type_equals_the_gguf_package_and_is_row_invariant(kind):
     assert torch.equal(y, one_thread)
 
 
+SCALE_BYTES = {"Q4_0": (0, 2), "Q5_0": (0, 2), "Q8_0": (0, 2), "Q6_K": (208, 210)}  # fp16 fields; others 0:4
+
+
+@pytest.mark.parametrize("kind", list(NATIVE_TYPES))
+def test_largest_codes_times_largest_activations(kind):
+    """Every code at its type's largest value (Q8_0: -128) against activations of +-127 everywhere: the
+    kernels' integer sums (16-bit partial sums on AVX2) must not overflow, whatever rows share a pass."""
+    rng = np.random.default_rng(NATIVE_TYPES[kind] + 100)
+    raw = raw_tensor(kind, 32, 512, rng).reshape(32, -1, gguf.GGML_QUANT_SIZES[T[kind]][1])
+    first, end = SCALE_BYTES.get(kind, (0, 4))
+    keep = raw[..., first:end].copy()
+    raw[...] = 0x80 if kind == "Q8_0" else 0xFF
+    raw[..., first:end] = keep
+    raw = np.ascontiguousarray(raw.reshape(32, -1))
+    reference = gguf.quants.dequantize(raw, T[kind]).reshape(32, 512)
+    layer = GGUFLinear([Segment.from_raw(kind, torch.from_numpy(raw))], 512)
+    x = torch.ones(6, 512)
+    x[1], x[2, ::2], x[3, 1::2] = -1.0, -1.0, -1.0  # +127 everywhere, -127, alternating, and random rows
+    x[4:] = torch.randn(2, 512, generator=torch.Generator().manual_seed(4))
+    exact = quantized_activations(x.numpy(), kind.endswith("_K")).astype(np.float64) @ reference.astype(np.float64).T
+    np.testing.assert_allclose(layer(x).numpy(), exact, rtol=2e-6, atol=2e-6 * np.abs(exact).max())
+
+
+def test_rows_sharing_a_pass_change_no_result():
+    """How many activation rows gguf_matmul multiplies in one pass over the weights is a speed setting:
+    every number gives the same bits, and a number outside 1-6 is refused."""
+    kernels = native_kernels()
+    rng = np.random.default_rng(8)
+    layers = [
+        GGUFLinear([Segment.from_raw(k, torch.from_numpy(raw_tensor(k, 40, 512, rng)))], 512) for k in NATIVE_TYPES
+    ]
+    x = torch.randn(11, 512, generator=torch.Generator().manual_seed(5))  # groups and a remainder
+    previous = kernels.gguf_set_row_group(1)
+    try:
+        one_by_one = [layer(x) for layer in layers]
+        for rows in range(2, 7):
+            kernels.gguf_set_row_group(rows)
+            for layer, want in zip(layers, one_by_one, strict=True):
+                assert torch.equal(layer(x), want)
+        with pytest.raises(RuntimeError, match="1 to 6"):
+            kernels.gguf_set_row_group(7)
+    finally:
+        kernels.gguf_set_row_group(previous)
+
+
 def test_tensors_packed_into_an_arena_equal_a_buffer_of_their_own():
     """A loader's PackArena hands out views of shared buffers (dirty memory, rows not a multiple of 16,
     tensors spilling into a new buffer): the bytes equal a fresh buffer's and no tensor overwrites another."""
