@@ -19,8 +19,8 @@ using namespace gguf;
 #if SPECLM_GGUF_SIMD
 namespace {
 constexpr int kRows = 6;  // the most activation rows sharing one pass over a record (a verification of K <= 5 drafts)
-// Rows sharing a pass (a speed setting: every number gives the same bits). On an AVX2 VM kRows beat 3 and 4
-// (benchmarks/pass_cost/pass_cost_qwen1.5b_avx2_epyc.md).
+// Rows sharing a pass (a speed setting: every number gives the same bits). On an AVX2 VM a 5-row pass was no
+// faster with 3 or 4 (benchmarks/pass_cost/pass_cost_qwen1.5b_avx2_epyc.md).
 int g_row_group = kRows;
 // Bytes ahead of the weights being read that are prefetched (0: none): the decoding work per byte leaves
 // too few loads in flight for the hardware prefetcher alone to keep a core's memory stream busy, and a
