@@ -110,8 +110,12 @@ class Speculation:
         proposer = self._started()
         self.proposal = None
         self.observing, self.proposed, self.num_forced = proposer.observes_rows, True, 0
-        if not self.declined and not self._catch_up_pays(proposer, context, wanted):
-            self.declined = not proposer.drop_catch_up()
+        if not self.declined:
+            pays = self._catch_up_pays(proposer, context, wanted)
+            if pays is None:  # a plain step first: it measures what the catch-up is weighed against
+                return []
+            if not pays:
+                self.declined = not proposer.drop_catch_up()
         if matcher is not None:
             return self._constrained(proposer, context, wanted, room, params, generator, matcher)
         if self.declined:
@@ -176,15 +180,17 @@ class Speculation:
         self.proposer_seconds = time.perf_counter() - t0
         return self.proposal.tokens
 
-    def _catch_up_pays(self, proposer: Proposer, context: list[int], wanted: int) -> bool:
+    def _catch_up_pays(self, proposer: Proposer, context: list[int], wanted: int) -> bool | None:
         """Whether the proposer's catch-up before this proposal (if any) costs at most CATCH_UP_SHARE of
         the target's expected time for the `wanted` tokens (a plain pass's measured cost for this
-        sequence, each). Before either is measured it is made (and measured)."""
+        sequence, each). None: the engine has measured no target pass yet (its first decoding step); made
+        unpriced, a draft's read of a long prompt on a slow machine cost more than the whole request gained
+        (benchmarks/avx2_kernel/off_steps_rag.md), so the step runs without drafts and is measured."""
         seconds = proposer.catch_up_seconds(context)
         if seconds <= 0.0:
             return True
         step = self.costs.seconds(0)
-        return step is None or seconds <= CATCH_UP_SHARE * wanted * step
+        return None if step is None else seconds <= CATCH_UP_SHARE * wanted * step
 
     def tree(self, granted: int) -> TokenTree:
         """The shape of the first `granted` drafts (parents come first, so a prefix is a tree)."""

@@ -82,6 +82,23 @@ def test_a_catch_up_that_cannot_pay_is_skipped_and_the_output_stays_exact(storie
         assert proposer.lookup_only and proposer.proposals["draft"] == 0 and proposer.proposals["lookup"] > 0
 
 
+def test_a_cold_engine_measures_a_plain_step_before_pricing_a_catch_up(stories_llm, perturbed_stories_dir):
+    """No target pass measured yet (a new engine's first request): the first decoding step runs without
+    drafts, and the catch-up is weighed against what it measured. Here it is priced far too high to pay,
+    so the draft never reads the prompt (made unpriced, it would have read all of it)."""
+    llm, hybrid, engine = engine_and_proposer(stories_llm, perturbed_stories_dir)
+    assert engine.pass_costs.seconds(0) is None
+    hybrid.draft.catch_up_rate.seconds_per_token = 1.0
+    prompt = long_prompt(llm, OTHER, 300)
+    params = SamplingParams(max_tokens=24)
+    expected = stories_llm.generate(prompt, params)[0].token_ids
+    out = generate_one(engine, llm._request(prompt, params))
+    assert out.token_ids == expected
+    assert engine.pass_costs.seconds(0) > 0
+    assert len(hybrid.draft.cached_ids) < 10, "the draft read the prompt before a target pass was measured"
+    assert hybrid.lookup_only and hybrid.proposals["lookup"] > 0
+
+
 def test_a_catch_up_that_pays_is_made(stories_llm, perturbed_stories_dir):
     llm, hybrid, engine = engine_and_proposer(stories_llm, perturbed_stories_dir)
     prompt = long_prompt(llm, OTHER, 300)
