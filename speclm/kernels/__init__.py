@@ -37,6 +37,7 @@ HEADERS = [
     for name in (
         "cpu_kernels.h",
         "vector16.h",
+        "attend_avx2.h",
         "mapped_memory.h",
         "gguf_format.h",
         "gguf_kernels.h",

@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 
 #include "cpu_kernels.h"
+#include "attend_avx2.h"
 #include "vector16.h"
 
 #include <algorithm>
@@ -62,31 +63,21 @@ void attend_one(const float* q, const float* keys, const float* values, int64_t 
 }
 
 constexpr int kMaxGroup = 16;  // heads per attend_group call
+constexpr int64_t kValueBlock = 32;  // keys whose values stay in L1 while every head of a group adds them up
 
-// The query rows of several heads that read the same kv head (grouped-query attention), over the same
-// keys: for each, softmax(q.k * scale) @ v accumulated in key order, with head_dim D known at compile time
-// (a multiple of 16). Each head's operations and their order do not depend on the others in the group
-// (only the loops are interleaved), so a (head, row) pair gets the same bits in any group. A block of keys
-// and values is read from memory once for the group and then served from L1 to every head, where one head
-// at a time would stream all of them from L2 per head.
-// q[g], out[g]: head g's query row and output; scores: `group` rows of score_stride floats; acc: `group`
-// rows of D floats (scratch).
+#if SPECLM_ATTEND_AVX2
+using attend_avx2::accumulate_values;
+using attend_avx2::score_blocks;
+#else
+// The scores of the keys in whole blocks of 16, for each head g of a group: head g's q.k * scale into
+// scores[g * score_stride + key], and its lane-wise maximum over the blocks into block_max[16 g .. 16 g + 15]
+// (lane t: keys t, t + 16, ...; seeded with -inf). Each key's 16-lane products are summed by sum16's tree,
+// 16 keys at once (sum16x16: ~3 shuffles/adds per key instead of sum16's 8). Returns the keys covered. A row's
+// split into blocks and a tail depends on its length only, so its scores do not depend on the other rows.
 template <int D>
-void attend_group(const float* const* q, int group, const float* keys, const float* values, int64_t key_stride,
-                  const int64_t* slots, int64_t length, float scale, float* scores, int64_t score_stride, float* acc,
-                  float* const* out) {
+int64_t score_blocks(const float* const* q, int group, const float* keys, int64_t key_stride, const int64_t* slots,
+                     int64_t length, float scale, float* scores, int64_t score_stride, float* block_max) {
   constexpr int V = D / 16;
-  constexpr int64_t kBlock = 32;  // keys whose values stay in L1 while every head adds them up
-  float max_score[kMaxGroup];
-  for (int g = 0; g < group; ++g) max_score[g] = -INFINITY;
-  float16v block_max[kMaxGroup];
-  // (-inf in every lane. Not derived from `scores`: it holds an earlier row's leftovers, possibly inf or
-  // NaN, and a NaN lane would hide its keys from the maximum; the softmax then shifts by another value,
-  // and the row's result depends on which rows ran before it on this thread.)
-  for (int g = 0; g < group; ++g) block_max[g] = float16v{} - INFINITY;
-  // Whole blocks of 16 keys: 16 partial-sum vectors reduced together (sum16x16), which costs ~3
-  // shuffles/adds per key instead of sum16's 8. A row's split into blocks and a tail depends on its
-  // length only, so its scores do not depend on the other rows.
   int64_t j = 0;
   for (; j + 16 <= length; j += 16) {
     for (int g = 0; g < group; ++g) {
@@ -101,29 +92,22 @@ void attend_group(const float* const* q, int group, const float* keys, const flo
       }
       const float16v s = sum16x16(parts) * scale;
       std::memcpy(scores + g * score_stride + j, &s, sizeof(s));
-      block_max[g] = s > block_max[g] ? s : block_max[g];
+      float16v m = load16(block_max + 16 * g);
+      m = s > m ? s : m;
+      std::memcpy(block_max + 16 * g, &m, sizeof(m));
     }
   }
-  for (int g = 0; g < group; ++g) {
-    for (int t = 0; t < 16; ++t) max_score[g] = block_max[g][t] > max_score[g] ? block_max[g][t] : max_score[g];
-    float16v qv[V];
-    for (int c = 0; c < V; ++c) qv[c] = load16(q[g] + 16 * c);
-    float* sg = scores + g * score_stride;
-    for (int64_t r = j; r < length; ++r) {
-      const float* k = keys + (slots ? slots[r] : r) * key_stride;
-      float16v a = qv[0] * load16(k);
-      for (int c = 1; c < V; ++c) a += qv[c] * load16(k + 16 * c);
-      sg[r] = sum16(a) * scale;
-      max_score[g] = sg[r] > max_score[g] ? sg[r] : max_score[g];
-    }
-    for (int64_t r = 0; r < length; r += 16) {
-      const float16v e = exp_nonpositive(load16(sg + r) - max_score[g]);
-      std::memcpy(sg + r, &e, sizeof(e));
-    }
-    std::memset(acc + g * D, 0, sizeof(float) * D);
-  }
-  for (int64_t b = 0; b < length; b += kBlock) {
-    const int64_t e = std::min(length, b + kBlock);
+  return j;
+}
+
+// acc[g * D ..] += each key's value row times head g's score (its exp), in key order: a block of `block`
+// keys' values is read from memory once for the group, then served from L1 to every head.
+template <int D>
+void accumulate_values(int group, const float* values, int64_t key_stride, const int64_t* slots, int64_t length,
+                       const float* scores, int64_t score_stride, float* acc, int64_t block) {
+  constexpr int V = D / 16;
+  for (int64_t b = 0; b < length; b += block) {
+    const int64_t e = std::min(length, b + block);
     for (int g = 0; g < group; ++g) {
       float16v a[V];
       for (int c = 0; c < V; ++c) a[c] = load16(acc + g * D + 16 * c);
@@ -136,11 +120,54 @@ void attend_group(const float* const* q, int group, const float* keys, const flo
       std::memcpy(acc + g * D, a, sizeof(a));
     }
   }
+}
+#endif
+
+// The query rows of several heads that read the same kv head (grouped-query attention), over the same
+// keys: for each, softmax(q.k * scale) @ v accumulated in key order, with head_dim D known at compile time
+// (a multiple of 16). Each head's operations and their order do not depend on the others in the group
+// (only the loops are interleaved), so a (head, row) pair gets the same bits in any group. The scores and
+// the values' sums run as score_blocks and accumulate_values (above, or attend_avx2.h's on a CPU with AVX2
+// but no AVX-512: the same operations lane for lane, so the same bits).
+// q[g], out[g]: head g's query row and output; scores: `group` rows of score_stride floats; acc: `group`
+// rows of D floats (scratch).
+template <int D>
+void attend_group(const float* const* q, int group, const float* keys, const float* values, int64_t key_stride,
+                  const int64_t* slots, int64_t length, float scale, float* scores, int64_t score_stride, float* acc,
+                  float* const* out) {
+  constexpr int V = D / 16;
+  // (-inf in every lane. Not derived from `scores`: it holds an earlier row's leftovers, possibly inf or
+  // NaN, and a NaN lane would hide its keys from the maximum; the softmax then shifts by another value,
+  // and the row's result depends on which rows ran before it on this thread.)
+  float block_max[kMaxGroup * 16];
+  std::fill(block_max, block_max + 16 * group, -INFINITY);
+  const int64_t j = score_blocks<D>(q, group, keys, key_stride, slots, length, scale, scores, score_stride, block_max);
   for (int g = 0; g < group; ++g) {
-    const float* sg = scores + g * score_stride;
-    float total = 0.0f;
-    for (int64_t r = 0; r < length; ++r) total += sg[r];  // in key order
-    const float inv = 1.0f / total;
+    float max_score = -INFINITY;
+    for (int t = 0; t < 16; ++t) max_score = block_max[16 * g + t] > max_score ? block_max[16 * g + t] : max_score;
+    float16v qv[V];
+    for (int c = 0; c < V; ++c) qv[c] = load16(q[g] + 16 * c);
+    float* sg = scores + g * score_stride;
+    for (int64_t r = j; r < length; ++r) {
+      const float* k = keys + (slots ? slots[r] : r) * key_stride;
+      float16v a = qv[0] * load16(k);
+      for (int c = 1; c < V; ++c) a += qv[c] * load16(k + 16 * c);
+      sg[r] = sum16(a) * scale;
+      max_score = sg[r] > max_score ? sg[r] : max_score;
+    }
+    for (int64_t r = 0; r < length; r += 16) {
+      const float16v e = exp_nonpositive(load16(sg + r) - max_score);
+      std::memcpy(sg + r, &e, sizeof(e));
+    }
+  }
+  std::memset(acc, 0, sizeof(float) * D * group);
+  accumulate_values<D>(group, values, key_stride, slots, length, scores, score_stride, acc, kValueBlock);
+  // Each head's sum of its exps in key order, the heads' sums side by side (independent chains overlap).
+  float total[kMaxGroup] = {};
+  for (int64_t r = 0; r < length; ++r)
+    for (int g = 0; g < group; ++g) total[g] += scores[g * score_stride + r];
+  for (int g = 0; g < group; ++g) {
+    const float inv = 1.0f / total[g];
     for (int c = 0; c < V; ++c) {
       const float16v r = load16(acc + g * D + 16 * c) * inv;
       std::memcpy(out[g] + 16 * c, &r, sizeof(r));

@@ -24,7 +24,7 @@ def sdpa_row(q, keys, values, index):  # [heads, 1, d]: one query over keys[:, i
 
 
 @needs_kernels
-@pytest.mark.parametrize("head_dim", [64, 48])  # 64: the vectorized path; 48: the generic loop
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 48])  # 32/64/128: the compiled forms; 48: the generic loop
 def test_attend_rows_matches_sdpa_for_causal_and_slot_rows(head_dim):
     g = torch.Generator().manual_seed(0)
     heads, kv_heads, slots = 6, 2, 300
