@@ -74,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         for c in contexts
         for r in rows
     ]
-    command = "python benchmarks/avx2_kernel/attention_cost.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = "python benchmarks/avx2_kernel/attention_cost.py " + shlex.join(
+        argv if argv is not None else sys.argv[1:]
+    )
     machine = machine_info()
     lines = [
         *header_lines(f"attention in a pass of the real pair ({args.label})", command, machine, f"; HEAD {commit}"),
