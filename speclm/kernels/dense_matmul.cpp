@@ -52,6 +52,7 @@ inline float16v dense_chunk<float>(float16v acc, const float* x, const float* w,
   std::memcpy(&acc, &a, sizeof(a));
   return acc;
 #else
+  if (count >= 16) return acc + load16(x) * load16(w);  // (a whole chunk needs no zero-padded copy)
   float xb[16] = {}, wb[16] = {};
   std::memcpy(xb, x, sizeof(float) * std::min<int64_t>(count, 16));
   std::memcpy(wb, w, sizeof(float) * std::min<int64_t>(count, 16));
