@@ -46,8 +46,8 @@ void attend_one(const float* q, const float* keys, const float* values, int64_t 
     scores[j] = dot * scale;
     max_score = scores[j] > max_score ? scores[j] : max_score;
   }
-  for (int64_t j = 0; j < length; j += 16) {  // scores has room for whole blocks of 16
-    const float16v e = exp_nonpositive(load16(scores + j) - max_score);
+  for (int64_t j = 0; j < length; j += kLanes) {  // scores has room for whole blocks of 16
+    const floatv e = exp_nonpositive(loadv(scores + j) - max_score);
     std::memcpy(scores + j, &e, sizeof(e));
   }
   float total = 0.0f;
@@ -155,8 +155,8 @@ void attend_group(const float* const* q, int group, const float* keys, const flo
       sg[r] = sum16(a) * scale;
       max_score = sg[r] > max_score ? sg[r] : max_score;
     }
-    for (int64_t r = 0; r < length; r += 16) {
-      const float16v e = exp_nonpositive(load16(sg + r) - max_score);
+    for (int64_t r = 0; r < length; r += kLanes) {
+      const floatv e = exp_nonpositive(loadv(sg + r) - max_score);
       std::memcpy(sg + r, &e, sizeof(e));
     }
   }

@@ -1,6 +1,7 @@
 // The element-wise kernels: rotary with the KV cache write (rope_qkv), SiLU of the fused gate/up
 // projection (silu_mul) and RMSNorm (rms_norm), each one call where torch's decomposed forms are several ops.
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
 
 #include "cpu_kernels.h"
 #include "vector16.h"
@@ -76,11 +77,51 @@ at::Tensor rope_qkv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tens
 // silu(gate) * up for gate_up [n, 2 * width] (the fused gate/up projection) -> [n, width], in its dtype:
 // fp32, or bf16 rounding as torch's bf16 ops do (silu's result to bf16, then the product to bf16).
 // One call instead of torch's silu, mul and two slices: in a one-token pass of a small model those
-// calls' dispatch costs more than their arithmetic.
+// calls' dispatch costs more than their arithmetic. Elementwise in floatv vectors (vector16.h), rows
+// over the threads.
 namespace {
-inline float16v silu16(float16v x) {  // x * sigmoid(x)
-  const float16v e = exp_nonpositive(x < 0.0f ? x : -x);  // exp(-|x|), no overflow
+inline floatv silu(floatv x) {  // x * sigmoid(x)
+  const floatv e = exp_nonpositive(x < 0.0f ? x : -x);  // exp(-|x|), no overflow
   return (x < 0.0f ? x * e : x) / (1.0f + e);
+}
+
+void silu_mul_row(const float* g, const float* u, float* y, int64_t width) {
+  int64_t j = 0;
+  for (; j + kLanes <= width; j += kLanes) {
+    const floatv r = silu(loadv(g + j)) * loadv(u + j);
+    std::memcpy(y + j, &r, sizeof(r));
+  }
+  if (j < width) {  // a short tail, padded with zeros
+    float gate[kLanes] = {}, up[kLanes] = {}, r[kLanes];
+    std::memcpy(gate, g + j, sizeof(float) * (width - j));
+    std::memcpy(up, u + j, sizeof(float) * (width - j));
+    const floatv v = silu(loadv(gate)) * loadv(up);
+    std::memcpy(r, &v, sizeof(v));
+    std::memcpy(y + j, r, sizeof(float) * (width - j));
+  }
+}
+
+void silu_mul_row(const c10::BFloat16* g, const c10::BFloat16* u, c10::BFloat16* y, int64_t width) {
+  float gate[kLanes], silu_out[kLanes];
+  for (int64_t j0 = 0; j0 < width; j0 += kLanes) {  // a short tail is padded with zeros
+    const int64_t count = std::min<int64_t>(kLanes, width - j0);
+    for (int64_t j = 0; j < kLanes; ++j) gate[j] = j < count ? static_cast<float>(g[j0 + j]) : 0.0f;
+    const floatv r = silu(loadv(gate));
+    std::memcpy(silu_out, &r, sizeof(r));
+    for (int64_t j = 0; j < count; ++j)
+      y[j0 + j] = c10::BFloat16(static_cast<float>(c10::BFloat16(silu_out[j])) * static_cast<float>(u[j0 + j]));
+  }
+}
+
+template <class T>
+void silu_mul_rows(const T* src, int64_t stride, T* dst, int64_t n, int64_t width) {
+  const auto rows = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) silu_mul_row(src + i * stride, src + i * stride + width, dst + i * width, width);
+  };
+  if (n > 1)
+    at::parallel_for(0, n, 1, rows);
+  else
+    rows(0, n);  // one row: less work than waking the other threads
 }
 }  // namespace
 
@@ -90,43 +131,10 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
               "silu_mul: bf16 or fp32 [n, 2 * width], rows contiguous");
   const int64_t n = gate_up.size(0), width = gate_up.size(1) / 2, stride = gate_up.stride(0);
   auto out = at::empty({n, width}, gate_up.options());
-  if (!bf16) {
-    const float* src = gate_up.data_ptr<float>();
-    float* dst = out.data_ptr<float>();
-    for (int64_t i = 0; i < n; ++i) {
-      const float *g = src + i * stride, *u = g + width;
-      float* y = dst + i * width;
-      int64_t j = 0;
-      for (; j + 16 <= width; j += 16) {
-        const float16v r = silu16(load16(g + j)) * load16(u + j);
-        std::memcpy(y + j, &r, sizeof(r));
-      }
-      if (j < width) {  // a short tail, padded with zeros
-        float gate[16] = {}, up[16] = {}, r[16];
-        std::memcpy(gate, g + j, sizeof(float) * (width - j));
-        std::memcpy(up, u + j, sizeof(float) * (width - j));
-        const float16v v = silu16(load16(gate)) * load16(up);
-        std::memcpy(r, &v, sizeof(v));
-        std::memcpy(y + j, r, sizeof(float) * (width - j));
-      }
-    }
-    return out;
-  }
-  const c10::BFloat16* src = gate_up.data_ptr<c10::BFloat16>();
-  c10::BFloat16* dst = out.data_ptr<c10::BFloat16>();
-  float gate[16], silu[16];
-  for (int64_t i = 0; i < n; ++i) {
-    const c10::BFloat16* g = src + i * stride;
-    const c10::BFloat16* u = g + width;
-    for (int64_t j0 = 0; j0 < width; j0 += 16) {  // 16 at a time; a short tail is padded with zeros
-      const int64_t count = std::min<int64_t>(16, width - j0);
-      for (int64_t j = 0; j < 16; ++j) gate[j] = j < count ? static_cast<float>(g[j0 + j]) : 0.0f;
-      const float16v r = silu16(load16(gate));
-      std::memcpy(silu, &r, sizeof(r));
-      for (int64_t j = 0; j < count; ++j)
-        dst[i * width + j0 + j] = c10::BFloat16(static_cast<float>(c10::BFloat16(silu[j])) * static_cast<float>(u[j0 + j]));
-    }
-  }
+  if (bf16)
+    silu_mul_rows(gate_up.data_ptr<c10::BFloat16>(), stride, out.data_ptr<c10::BFloat16>(), n, width);
+  else
+    silu_mul_rows(gate_up.data_ptr<float>(), stride, out.data_ptr<float>(), n, width);
   return out;
 }
 

@@ -308,6 +308,7 @@ def test_silu_mul_matches_torchs_fp32_ops_to_a_few_ulps(width):
     assert out.dtype == torch.float32 and out.shape == (3, width)
     torch.testing.assert_close(out, reference, rtol=1e-6, atol=1e-30)
     assert out[0, 0].abs() < 1e-30 and out[0, 1] == 200 * up[0, 1] and out[0, 2] == 0
+    assert torch.equal(kernels.silu_mul(gate_up[1:2]), out[1:2])  # a row alone (no threads) as in a batch
 
 
 def test_layers_on_the_kernels_can_be_deep_copied():
