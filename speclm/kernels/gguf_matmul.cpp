@@ -1,5 +1,5 @@
-// gguf_matmul: activation rows quantized once, then every output block over the threads, six rows per
-// pass over its weights, with the weights' prefetch distance as a setting.
+// gguf_matmul: activation rows quantized once, then the output blocks over the threads in chunks taken as
+// each thread is free, six rows per pass over its weights, with the weights' prefetch distance as a setting.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -10,6 +10,7 @@
 #include "gguf_microkernel_avx2.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -28,36 +29,46 @@ int g_row_group = kRows;
 // over several rows does more work per byte, so it looks further ahead. The defaults come from a sweep
 // on the real pair (benchmarks/pass_cost/).
 int64_t g_prefetch_one_row = 2048, g_prefetch_rows = 3072;
+constexpr int64_t kChunksPerThread = 8;  // a matmul's share of chunks per thread (see run_type)
 
 template <int64_t TYPE>
 void run_type(const uint8_t* packed, int64_t out_blocks, int64_t blocks, int64_t record, const std::vector<QuantizedRow>& xq,
               float* y, int64_t y_stride, int64_t column, int64_t n_out) {
   const int64_t m = static_cast<int64_t>(xq.size());
   const int64_t prefetch = m > 1 ? g_prefetch_rows : g_prefetch_one_row;
-  at::parallel_for(0, out_blocks, 1, [&](int64_t begin, int64_t end) {
+  // The output blocks go to the threads in chunks, each thread taking the next chunk when done with its
+  // last: a static split into halves left one thread waiting at the end of most calls, since the
+  // threads do not stream the weights equally fast. Which thread computes a block changes no bits.
+  const int64_t threads = at::get_num_threads();
+  const int64_t chunk = std::max<int64_t>(1, out_blocks / (kChunksPerThread * threads));
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     alignas(64) float tail[kRows][16];
-    for (int64_t ob = begin; ob < end; ++ob) {
-      const bool partial = ob * 16 + 16 > n_out;
-      for (int64_t r0 = 0; r0 < m; r0 += g_row_group) {
-        const int rows = static_cast<int>(std::min<int64_t>(g_row_group, m - r0));
-        const QuantizedRow* xr[kRows];
-        float* out[kRows];
-        for (int t = 0; t < rows; ++t) {
-          xr[t] = &xq[r0 + t];
-          out[t] = partial ? tail[t] : y + (r0 + t) * y_stride + column + ob * 16;
+    for (int64_t begin = next.fetch_add(chunk); begin < out_blocks; begin = next.fetch_add(chunk)) {
+      const int64_t end = std::min(out_blocks, begin + chunk);
+      for (int64_t ob = begin; ob < end; ++ob) {
+        const bool partial = ob * 16 + 16 > n_out;
+        for (int64_t r0 = 0; r0 < m; r0 += g_row_group) {
+          const int rows = static_cast<int>(std::min<int64_t>(g_row_group, m - r0));
+          const QuantizedRow* xr[kRows];
+          float* out[kRows];
+          for (int t = 0; t < rows; ++t) {
+            xr[t] = &xq[r0 + t];
+            out[t] = partial ? tail[t] : y + (r0 + t) * y_stride + column + ob * 16;
+          }
+          const uint8_t* rec = packed + ob * blocks * record;
+          switch (rows) {
+            case 1: block_rows<1, TYPE>(rec, blocks, xr, out, prefetch); break;
+            case 2: block_rows<2, TYPE>(rec, blocks, xr, out, prefetch); break;
+            case 3: block_rows<3, TYPE>(rec, blocks, xr, out, prefetch); break;
+            case 4: block_rows<4, TYPE>(rec, blocks, xr, out, prefetch); break;
+            case 5: block_rows<5, TYPE>(rec, blocks, xr, out, prefetch); break;
+            default: block_rows<6, TYPE>(rec, blocks, xr, out, prefetch); break;
+          }
+          if (partial)
+            for (int t = 0; t < rows; ++t)
+              std::memcpy(y + (r0 + t) * y_stride + column + ob * 16, tail[t], sizeof(float) * (n_out - ob * 16));
         }
-        const uint8_t* rec = packed + ob * blocks * record;
-        switch (rows) {
-          case 1: block_rows<1, TYPE>(rec, blocks, xr, out, prefetch); break;
-          case 2: block_rows<2, TYPE>(rec, blocks, xr, out, prefetch); break;
-          case 3: block_rows<3, TYPE>(rec, blocks, xr, out, prefetch); break;
-          case 4: block_rows<4, TYPE>(rec, blocks, xr, out, prefetch); break;
-          case 5: block_rows<5, TYPE>(rec, blocks, xr, out, prefetch); break;
-          default: block_rows<6, TYPE>(rec, blocks, xr, out, prefetch); break;
-        }
-        if (partial)
-          for (int t = 0; t < rows; ++t)
-            std::memcpy(y + (r0 + t) * y_stride + column + ob * 16, tail[t], sizeof(float) * (n_out - ob * 16));
       }
     }
   });
