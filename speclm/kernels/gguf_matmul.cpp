@@ -1,5 +1,6 @@
-// gguf_matmul: activation rows quantized once, then the output blocks over the threads in chunks taken as
-// each thread is free, six rows per pass over its weights, with the weights' prefetch distance as a setting.
+// gguf_matmul: activation rows quantized once, then the output blocks over the threads in shrinking chunks
+// taken as each thread is free, six rows per pass over its weights, with the weights' prefetch distance as a
+// setting.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -29,22 +30,26 @@ int g_row_group = kRows;
 // over several rows does more work per byte, so it looks further ahead. The defaults come from a sweep
 // on the real pair (benchmarks/pass_cost/).
 int64_t g_prefetch_one_row = 2048, g_prefetch_rows = 3072;
-constexpr int64_t kChunksPerThread = 8;  // a matmul's share of chunks per thread (see run_type)
+// A thread's next chunk is the blocks left over (kShareDivisor x threads), at least one (see run_type).
+constexpr int64_t kShareDivisor = 2;
 
 template <int64_t TYPE>
 void run_type(const uint8_t* packed, int64_t out_blocks, int64_t blocks, int64_t record, const std::vector<QuantizedRow>& xq,
               float* y, int64_t y_stride, int64_t column, int64_t n_out) {
   const int64_t m = static_cast<int64_t>(xq.size());
   const int64_t prefetch = m > 1 ? g_prefetch_rows : g_prefetch_one_row;
-  // The output blocks go to the threads in chunks, each thread taking the next chunk when done with its
-  // last: a static split into halves left one thread waiting at the end of most calls, since the
-  // threads do not stream the weights equally fast. Which thread computes a block changes no bits.
+  // The output blocks go to the threads in chunks, each thread taking the next one when done with its last.
+  // A chunk is a share of the blocks still left: long at first (few hand-outs), one block at the end, so
+  // neither thread waits long for the other's last chunk (the threads do not stream the weights equally
+  // fast, and a fixed chunk of 1/16 of the blocks left one waiting). Which thread computes a block changes no bits.
   const int64_t threads = at::get_num_threads();
-  const int64_t chunk = std::max<int64_t>(1, out_blocks / (kChunksPerThread * threads));
   std::atomic<int64_t> next{0};
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     alignas(64) float tail[kRows][16];
-    for (int64_t begin = next.fetch_add(chunk); begin < out_blocks; begin = next.fetch_add(chunk)) {
+    int64_t begin = next.load();
+    while (begin < out_blocks) {
+      const int64_t chunk = std::max<int64_t>(1, (out_blocks - begin) / (kShareDivisor * threads));
+      if (!next.compare_exchange_weak(begin, begin + chunk)) continue;  // (begin now holds the new value)
       const int64_t end = std::min(out_blocks, begin + chunk);
       for (int64_t ob = begin; ob < end; ++ob) {
         const bool partial = ob * 16 + 16 > n_out;
@@ -70,6 +75,7 @@ void run_type(const uint8_t* packed, int64_t out_blocks, int64_t blocks, int64_t
               std::memcpy(y + (r0 + t) * y_stride + column + ob * 16, tail[t], sizeof(float) * (n_out - ob * 16));
         }
       }
+      begin = next.load();
     }
   });
 }
