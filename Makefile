@@ -34,7 +34,7 @@ demo: install
 test: install
 	$(BIN)/ruff check speclm tests benchmarks
 	$(BIN)/ruff format --check speclm tests benchmarks
-	@echo "make test: ruff passed; pytest takes about 5-10 minutes on 2 cores (slowest tests listed at the end)"
+	@echo "make test: ruff passed; pytest takes about 10-25 minutes on 2 cores, depending on the CPU (slowest tests listed at the end)"
 	$(BIN)/python -m pytest -q --durations=10
 
 # Learned drafters for the default model (issue 7), all under drafters/, in <= 60 minutes on 2 CPU cores:
