@@ -30,7 +30,7 @@ int g_row_group = kRows;
 // over several rows does more work per byte, so it looks further ahead. The defaults come from a sweep
 // on the real pair (benchmarks/pass_cost/).
 int64_t g_prefetch_one_row = 2048, g_prefetch_rows = 3072;
-// A thread's next chunk is the blocks left over (kShareDivisor x threads), at least one (see run_type).
+// A thread's next chunk: the blocks still left divided by kShareDivisor x threads, at least one (see run_type).
 constexpr int64_t kShareDivisor = 2;
 
 template <int64_t TYPE>
