@@ -8,8 +8,10 @@ import fcntl
 import functools
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -51,6 +53,10 @@ HEADERS = [
 PACKING_SOURCES = [HERE / name for name in ("gguf_format.h", "gguf_pack.cpp", "gguf_convert.cpp")]
 DISABLE_ENV = "SPECLM_CPU_KERNELS"  # "0": use torch's ops instead (slower; same tokens up to float near-ties)
 CACHE_ENV = "SPECLM_KERNEL_CACHE"  # where builds go (default ~/.cache/speclm/kernels)
+# Every source edit, torch version, CPU and checkout makes a build of its own (a few MB); one that no
+# process has loaded for this long is removed when another build loads.
+UNUSED_DAYS = 30
+LAST_USED = "last_used"  # a build's marker file, touched on each load
 
 
 def _cpu_signature() -> str:
@@ -91,6 +97,27 @@ def _build_lock(build_dir: Path):
         yield
 
 
+def prune_unused_builds(cache: Path, keep: str) -> list[str]:
+    """Remove the builds in `cache` other than `keep` that were last loaded (or, before markers, built)
+    more than UNUSED_DAYS ago, skipping any a process is building or loading now (its flock is held).
+    Returns the names removed."""
+    cutoff, removed = time.time() - UNUSED_DAYS * 86400, []
+    for build in cache.glob("speclm_cpu_kernels_*"):
+        marker = build / LAST_USED
+        try:
+            if build.name == keep or not build.is_dir():
+                continue
+            if (marker if marker.exists() else build).stat().st_mtime >= cutoff:
+                continue
+            with open(build / "speclm.flock", "w") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(build)
+        except OSError:  # (BlockingIOError: in use; or gone already, or not ours to remove)
+            continue
+        removed.append(build.name)
+    return removed
+
+
 @functools.cache
 def cpu_kernels() -> ModuleType | None:
     """The compiled kernels module, or None when disabled (SPECLM_CPU_KERNELS=0) or when the build
@@ -100,13 +127,14 @@ def cpu_kernels() -> ModuleType | None:
     from torch.utils import cpp_extension  # imports setuptools: only when the kernels are wanted
 
     name = build_name()
-    build_dir = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "speclm" / "kernels") / name
+    cache = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "speclm" / "kernels")
+    build_dir = cache / name
     build_dir.mkdir(parents=True, exist_ok=True)
     if not (build_dir / f"{name}.so").exists():
         print("speclm: compiling the CPU kernels (once per machine: 1-5 minutes)...", file=sys.stderr, flush=True)
     try:
         with _build_lock(build_dir):
-            return cpp_extension.load(
+            module = cpp_extension.load(
                 name=name,
                 sources=[str(s) for s in SOURCES],
                 extra_cflags=["-O3", "-march=native", "-fopenmp"],
@@ -122,3 +150,7 @@ def cpu_kernels() -> ModuleType | None:
             file=sys.stderr,
         )
         return None
+    with contextlib.suppress(OSError):  # (a read-only cache: nothing to mark or remove)
+        (build_dir / LAST_USED).touch()
+        prune_unused_builds(cache, keep=name)
+    return module

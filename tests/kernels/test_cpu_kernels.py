@@ -337,12 +337,48 @@ def test_a_lock_file_left_by_a_killed_build_does_not_hang_the_next_load(tmp_path
     built = kernels_module.Path(kernels.__file__).parent
     shutil.copytree(built, tmp_path / build_name())  # the built extension: loading it needs no compile
     (tmp_path / build_name() / "lock").touch()
+    stale = tmp_path / "speclm_cpu_kernels_0123456789abcdef"  # a build last loaded two months ago
+    stale.mkdir()
+    (stale / kernels_module.LAST_USED).touch()
+    kernels_module.os.utime(stale / kernels_module.LAST_USED, (1, 1))
     code = "from speclm.kernels import cpu_kernels; assert cpu_kernels() is not None"
     env = {**kernels_module.os.environ, CACHE_ENV: str(tmp_path)}
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr
     assert "removing a kernel-build lock left by a killed process" in run.stderr
     assert not (tmp_path / build_name() / "lock").exists()
+    assert (tmp_path / build_name() / kernels_module.LAST_USED).exists() and not stale.exists()
+
+
+def test_builds_not_loaded_for_a_month_are_removed_and_the_rest_kept(tmp_path):
+    """Every source edit, torch version, CPU and checkout leaves a build of a few MB in the cache. A load
+    removes the others that no process has loaded for UNUSED_DAYS (a build from before the markers: by
+    its folder's age), but never the one it keeps, a recent one, one in use, or what is not a build."""
+    import fcntl
+    import time
+
+    now, os = time.time(), kernels_module.os
+
+    def build(name: str, days_ago: float, marker: bool = True):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / f"{name}.so").write_bytes(b"\0")
+        if marker:
+            (folder / kernels_module.LAST_USED).touch()
+        os.utime(folder / kernels_module.LAST_USED if marker else folder, (now - days_ago * 86400,) * 2)
+        return folder
+
+    old, unmarked = build("speclm_cpu_kernels_old", 40), build("speclm_cpu_kernels_unmarked", 40, marker=False)
+    recent, kept, busy = (build(f"speclm_cpu_kernels_{n}", d) for n, d in (("recent", 2), ("kept", 400), ("busy", 40)))
+    other = tmp_path / "notes"
+    other.mkdir()
+    os.utime(other, (now - 400 * 86400,) * 2)
+    with open(busy / "speclm.flock", "w") as held:  # another process building or loading it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        removed = kernels_module.prune_unused_builds(tmp_path, keep=kept.name)
+    assert sorted(removed) == [old.name, unmarked.name]
+    assert not old.exists() and not unmarked.exists()
+    assert all(p.exists() for p in (recent, kept, busy, other))
 
 
 def test_the_build_name_covers_every_kernel_source():
