@@ -69,10 +69,11 @@ def main() -> None:
                     totals[key][1] += ms
             speedup = {c: args.verify_ms * n / ms for c, (n, ms) in totals.items()}  # vs plain decoding
             rows.append({"row_ms": row_ms, "max_k": max_k, "stop": stop, "speedup": speedup})
-    command = f"python benchmarks/draft_stop/simulate.py --traces {args.traces} --out {args.out}"
-    if (args.draft_ms, args.verify_ms, args.row_ms) != (8.1, 33.7, [1.2, 3.0]):  # (not the defaults)
-        rows_ms = " ".join(map(str, args.row_ms))
-        command += f" --draft-ms {args.draft_ms} --verify-ms {args.verify_ms} --row-ms {rows_ms}"
+    rows_ms = " ".join(map(str, args.row_ms))
+    command = (
+        f"python benchmarks/draft_stop/simulate.py --traces {args.traces} --out {args.out} "
+        f"--draft-ms {args.draft_ms} --verify-ms {args.verify_ms} --row-ms {rows_ms}"
+    )
     out = Path(args.out)
     (out / "simulate.json").write_text(json.dumps({"command": command, "costs": vars(args), "rows": rows}, indent=1))
     columns = ["overall"] + categories

@@ -57,6 +57,7 @@ CACHE_ENV = "SPECLM_KERNEL_CACHE"  # where builds go (default ~/.cache/speclm/ke
 # process has loaded for this long is removed when another build loads.
 UNUSED_DAYS = 30
 LAST_USED = "last_used"  # a build's marker file, touched on each load
+FLOCK = "speclm.flock"  # a build's lock while a process builds, loads or removes it (_build_lock)
 
 
 def _cpu_signature() -> str:
@@ -84,7 +85,7 @@ def _build_lock(build_dir: Path):
     `lock` file that a killed process leaves behind, and every later load then waits on it forever. We
     hold an flock (the OS frees it when its holder dies) around torch's: whoever holds ours knows any
     `lock` file it finds is stale, and removes it."""
-    with open(build_dir / "speclm.flock", "w") as handle:
+    with open(build_dir / FLOCK, "w") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -109,7 +110,7 @@ def prune_unused_builds(cache: Path, keep: str) -> list[str]:
                 continue
             if (marker if marker.exists() else build).stat().st_mtime >= cutoff:
                 continue
-            with open(build / "speclm.flock", "w") as handle:
+            with open(build / FLOCK, "w") as handle:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 shutil.rmtree(build)
         except OSError:  # (BlockingIOError: in use; or gone already, or not ours to remove)

@@ -373,7 +373,7 @@ def test_builds_not_loaded_for_a_month_are_removed_and_the_rest_kept(tmp_path):
     other = tmp_path / "notes"
     other.mkdir()
     os.utime(other, (now - 400 * 86400,) * 2)
-    with open(busy / "speclm.flock", "w") as held:  # another process building or loading it
+    with open(busy / kernels_module.FLOCK, "w") as held:  # another process building or loading it
         fcntl.flock(held, fcntl.LOCK_EX)
         removed = kernels_module.prune_unused_builds(tmp_path, keep=kept.name)
     assert sorted(removed) == [old.name, unmarked.name]
