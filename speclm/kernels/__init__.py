@@ -1,5 +1,5 @@
-"""speclm's compiled CPU kernels, one Python module built from the C++ sources listed in SOURCES with the
-system C++ compiler on first use, cached per machine."""
+"""speclm's compiled CPU kernels, one Python module built from the C++ units listed in UNITS (which include
+SOURCES) with the system C++ compiler on first use, cached per machine."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from types import ModuleType
 import torch
 
 HERE = Path(__file__).parent
+# The kernels' sources, each #included by one of UNITS; an edit to any of them or of HEADERS makes a new build.
 SOURCES = [
     HERE / name
     for name in (
-        "bindings.cpp",  # the Python module's bindings
         "attend_rows.cpp",  # attention rows
         "elementwise.cpp",  # rotary with the cache write, RMSNorm, SiLU
         "int_matmul.cpp",  # int4 and w8a8 matmuls
@@ -34,6 +34,9 @@ SOURCES = [
         "gguf_decoder.cpp",  # a GGUF-native model's decoder layers
     )
 ]
+# What the compiler is given: the Python module's bindings, and two units that #include SOURCES (parsing
+# ATen's headers once per unit, not once per source: unit_rows.cpp says why).
+UNITS = [HERE / name for name in ("bindings.cpp", "unit_rows.cpp", "unit_gguf.cpp")]
 HEADERS = [
     HERE / name
     for name in (
@@ -73,7 +76,7 @@ def build_name() -> str:
     """Extension name: one per source text, CPU, torch version and source folder. (torch's build files name
     the sources by absolute path: two checkouts sharing one build folder would rebuild it in turn on every
     load, each one's build holding the other's lock.)"""
-    text = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
+    text = b"".join(p.read_bytes() for p in UNITS + SOURCES + HEADERS)
     where = str(HERE.resolve()).encode()
     digest = hashlib.sha256(text + where + _cpu_signature().encode() + torch.__version__.encode()).hexdigest()[:16]
     return f"speclm_cpu_kernels_{digest}"
@@ -137,7 +140,7 @@ def cpu_kernels() -> ModuleType | None:
         with _build_lock(build_dir):
             module = cpp_extension.load(
                 name=name,
-                sources=[str(s) for s in SOURCES],
+                sources=[str(s) for s in UNITS],
                 extra_cflags=["-O3", "-march=native", "-fopenmp"],
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(build_dir),

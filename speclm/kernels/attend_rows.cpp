@@ -1,7 +1,7 @@
 // attend_rows: attention rows, each (row, head) pair computed with the same operations in the same order
 // whatever the number of rows, so one call serves decoding, verification and token trees alike (the
 // query heads that share a kv head go through its keys together, which changes no result).
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include "cpu_kernels.h"

@@ -6,7 +6,7 @@
 // the logits plain decoding computes for that token. torch's SDPA (and its GEMMs) accumulate a many-row
 // call in another order than a one-row call, and take other paths for one row than for several.
 #pragma once
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                        const at::Tensor& lengths, const at::Tensor& slots, const at::Tensor& slot_rows, double scale);

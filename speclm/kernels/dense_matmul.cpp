@@ -1,5 +1,5 @@
 // dense_matmul: x @ w.T for fp32 or bf16 weights, every row computed the same way whatever the number of rows.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include "cpu_kernels.h"

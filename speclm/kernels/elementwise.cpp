@@ -1,6 +1,6 @@
 // The element-wise kernels: rotary with the KV cache write (rope_qkv), SiLU of the fused gate/up
 // projection (silu_mul) and RMSNorm (rms_norm), each one call where torch's decomposed forms are several ops.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include "cpu_kernels.h"

@@ -1,6 +1,6 @@
 // A GGUF-native model's decoder layers, run from C++ (gguf_decoder.cpp).
 #pragma once
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include <vector>
 

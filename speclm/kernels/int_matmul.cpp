@@ -1,6 +1,6 @@
 // The integer-weight matmuls: int4 weight-only (bf16 activations, AVX-512 BF16) and w8a8 (int8 activations,
 // AVX-512 VNNI; an int4 model's lm_head). Each row's result depends on that row only.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include "cpu_kernels.h"

@@ -184,7 +184,7 @@ def test_loader_is_off_with_the_environment_switch_and_warns_when_the_build_fail
         monkeypatch.delenv(kernels_module.DISABLE_ENV)
         broken = tmp_path / "cpu_kernels.cpp"
         broken.write_text("#error this source does not compile\n")
-        monkeypatch.setattr(kernels_module, "SOURCES", [broken])
+        monkeypatch.setattr(kernels_module, "UNITS", [broken])
         monkeypatch.setenv(kernels_module.CACHE_ENV, str(tmp_path / "builds"))
         kernels_module.cpu_kernels.cache_clear()
         assert kernels_module.cpu_kernels() is None
@@ -382,9 +382,14 @@ def test_builds_not_loaded_for_a_month_are_removed_and_the_rest_kept(tmp_path):
 
 
 def test_the_build_name_covers_every_kernel_source():
-    """Every C++ file in speclm/kernels/ is compiled (a .cpp) or hashed into the build's name (a .h): an
-    edit to any of them makes a new build, never a stale cached one."""
+    """Every C++ file in speclm/kernels/ is compiled (a unit), included by exactly one unit (a source) or
+    hashed into the build's name as a header: an edit to any of them makes a new build, never a stale
+    cached one, and no source is left out of the module or compiled twice."""
+    units, sources, headers = kernels_module.UNITS, kernels_module.SOURCES, kernels_module.HEADERS
     on_disk = {p.name for p in kernels_module.HERE.iterdir() if p.suffix in (".cpp", ".h")}
-    assert on_disk == {p.name for p in kernels_module.SOURCES + kernels_module.HEADERS}
-    assert all(p.suffix == ".cpp" for p in kernels_module.SOURCES)
-    assert set(kernels_module.PACKING_SOURCES) <= set(kernels_module.SOURCES + kernels_module.HEADERS)
+    assert on_disk == {p.name for p in units + sources + headers}
+    assert all(p.suffix == ".cpp" for p in units + sources)
+    for source in sources:
+        including = [u.name for u in units if f'#include "{source.name}"' in u.read_text()]
+        assert len(including) == 1, (source.name, including)
+    assert set(kernels_module.PACKING_SOURCES) <= set(sources + headers)
