@@ -135,7 +135,7 @@ def cpu_kernels() -> ModuleType | None:
     build_dir = cache / name
     build_dir.mkdir(parents=True, exist_ok=True)
     if not (build_dir / f"{name}.so").exists():
-        print("speclm: compiling the CPU kernels (once per machine: 1-5 minutes)...", file=sys.stderr, flush=True)
+        print("speclm: compiling the CPU kernels (once per machine: 1-2 minutes)...", file=sys.stderr, flush=True)
     try:
         with _build_lock(build_dir):
             module = cpp_extension.load(
