@@ -82,14 +82,12 @@ def default_reference(default_int4_llm, default_prompts):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("method", "count"), [("ngram", 20), ("layerskip:8", 10)])
+@pytest.mark.parametrize("method", ["ngram", "layerskip:8"])
 def test_default_model_speculative_greedy_equals_plain_greedy(
-    default_int4_llm, default_prompts, default_reference, method, count
+    default_int4_llm, default_prompts, default_reference, method
 ):
-    """`count` specbench prompts x 64 tokens; prompt i uses K = 1 + i % 8, so K = 1..8 are all covered.
-    layerskip drafts K partial passes a step, the slowest here where int4 runs on torch's kernel (no
-    AVX-512 BF16), so it takes the first 10 prompts."""
-    prompts, reference, params = default_prompts[:count], default_reference, DEFAULT_PARAMS
+    """20 specbench prompts x 64 tokens; prompt i uses K = 1 + i % 8, so K = 1..8 are all covered."""
+    prompts, reference, params = default_prompts, default_reference, DEFAULT_PARAMS
     drafted = 0
     for i, ids in enumerate(prompts):
         llm = default_int4_llm.with_spec(method, num_speculative_tokens=1 + i % 8, adaptive=False)
