@@ -16,9 +16,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate/up projection, bf16 or fp32",
         py::call_guard<py::gil_scoped_release>());
-  m.def("int4_matmul", &int4_matmul, "bf16 x @ int4 weights (AVX-512 BF16), row-invariant",
+  m.def("int4_matmul", &int4_matmul, "bf16 x @ int4 weights (AVX-512 BF16 or AVX2), row-invariant",
         py::call_guard<py::gil_scoped_release>());
-  m.def("int4_available", &int4_available, "whether int4_matmul was compiled (AVX-512 BF16)");
+  m.def("int4_available", &int4_available, "whether int4_matmul was compiled (AVX-512 BF16 or AVX2 with FMA)");
   m.def("w8a8_matmul", &w8a8_matmul, "fp32 x (int8 per row) @ int8 weights (AVX-512 VNNI), row-invariant",
         py::call_guard<py::gil_scoped_release>());
   m.def("w8a8_available", &w8a8_available, "whether w8a8_matmul was compiled (AVX-512 VNNI)");

@@ -1,4 +1,4 @@
-// The integer-weight matmuls: int4 weight-only (bf16 activations, AVX-512 BF16) and w8a8 (int8 activations,
+// The integer-weight matmuls: int4 weight-only (bf16 activations, AVX-512 BF16 or AVX2) and w8a8 (int8 activations,
 // AVX-512 VNNI; an int4 model's lm_head). Each row's result depends on that row only.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -19,17 +19,38 @@
 // y [M, N] bf16 = x [M, K] bf16 @ W.T, W[n, k] = (q[n, k] - 8) * scale[g, n] + zero[g, n] for the group
 // g = k / group_size (torch's int4 grid). scales_and_zeros [N/16, K/group, 16, 2] bf16: torch's (scale, zero)
 // pairs regrouped so that one output block reads its groups' pairs in one sequential stream.
-// q is packed for AVX-512 BF16 dot products (pack_int4 in quant_linear.py): per block of 16 outputs
-// and 8 inputs, 64 bytes; byte 2l+e holds q[l, k+e] (low nibble) and q[l, k+2+e] (high), byte
-// 32+2l+e holds q[l, k+4+e] and q[l, k+6+e]. Nibbles become the bf16 values q-8 through a table,
-// and vdpbf16ps multiplies them by the bf16 activations (exact products, fp32 sums), so activations
-// are not requantized. Each output block of each row is computed in a fixed order by one thread:
-// a row's result does not depend on the other rows of the call (exact speculative verification).
+// q is packed per block of 16 outputs and 8 inputs, 64 bytes (pack_int4 in quant_linear.py): byte 2l+e
+// holds q[l, k+e] (low nibble) and q[l, k+2+e] (high), byte 32+2l+e holds q[l, k+4+e] and q[l, k+6+e].
+// Activations are not requantized: every product of a code and a bf16 activation is exact in fp32, and
+// is summed in fp32. Two instruction sets compute it:
+// - AVX-512 BF16: nibbles become the bf16 values q-8 through a table, and vdpbf16ps multiplies them by
+//   pairs of activations;
+// - AVX2 with FMA: nibbles become fp32 codes q, FMAs sum q * x per group, and the group adds
+//   scale * sum(q x) + (zero - 8 scale) * sum(x).
+// Each output block of each row is computed in a fixed order by one thread: a row's result does not depend
+// on the other rows of the call (exact speculative verification).
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define SPECLM_INT4_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define SPECLM_INT4_AVX2 1
+#endif
+
+#if defined(SPECLM_INT4_AVX512) || defined(SPECLM_INT4_AVX2)
 constexpr bool kInt4Available = true;
 
 namespace {
+struct Int4Call {  // one int4_matmul call, shared by its output blocks
+  const void* x_rows;      // [m, k_in]: the activations as int4_rows gives them
+  const float* x_sums;     // [m, groups]: each row's sum over each group of inputs
+  const uint8_t* packed;
+  const uint32_t* scale_zero;  // (scale, zero) bf16 pairs
+  int64_t m, k_in, n_out, group_size, groups;
+  c10::BFloat16* y;  // [m, n_out]
+};
+
+#if defined(SPECLM_INT4_AVX512)
 constexpr int kRowTile = 8;
+at::Tensor int4_rows(const at::Tensor& xc) { return xc; }  // read in place, as bf16 pairs
 
 template <int T>
 void int4_block(const uint32_t* const* x_pairs, const float* const* x_sums, const uint8_t* packed,
@@ -76,11 +97,91 @@ void int4_block(const uint32_t* const* x_pairs, const float* const* x_sums, cons
   for (int t = 0; t < T; ++t)
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[t] + block * 16), (__m256i)_mm512_cvtneps_pbh(y_acc[t]));
 }
-
 using Int4Block = void (*)(const uint32_t* const*, const float* const*, const uint8_t*, const uint32_t*, int64_t,
                            int64_t, c10::BFloat16* const*, int64_t);
 const Int4Block kInt4Blocks[kRowTile] = {int4_block<1>, int4_block<2>, int4_block<3>, int4_block<4>,
                                          int4_block<5>, int4_block<6>, int4_block<7>, int4_block<8>};
+
+void int4_output_block(const Int4Call& c, int64_t block) {  // the rows in tiles: each tile reads the weights once
+  for (int64_t r0 = 0; r0 < c.m; r0 += kRowTile) {
+    const int tile = static_cast<int>(std::min<int64_t>(kRowTile, c.m - r0));
+    const uint32_t* x_pairs[kRowTile];
+    const float* x_sums[kRowTile];
+    c10::BFloat16* rows[kRowTile];
+    for (int t = 0; t < tile; ++t) {
+      x_pairs[t] = static_cast<const uint32_t*>(c.x_rows) + (r0 + t) * c.k_in / 2;
+      x_sums[t] = c.x_sums + (r0 + t) * c.groups;
+      rows[t] = c.y + (r0 + t) * c.n_out;
+    }
+    kInt4Blocks[tile - 1](x_pairs, x_sums, c.packed, c.scale_zero, c.k_in, c.group_size, rows, block);
+  }
+}
+#else
+// The rows in tiles of up to kRowTile, each tile reading the weights once. Every row takes the same steps
+// whatever its tile: per half of 8 outputs and group of inputs, 2 FMA chains (inputs k mod 2) summed in a
+// fixed order, so a row's sums never depend on how many rows the call has.
+constexpr int kRowTile = 4;
+at::Tensor int4_rows(const at::Tensor& xc) { return xc.to(at::kFloat); }  // exact; broadcast from memory
+
+template <int T>
+void int4_tile(const float* const* x, const float* const* x_sums, const Int4Call& c, float (*out)[16],
+               int64_t block) {
+  const __m256i nibble = _mm256_set1_epi32(0xF);
+  const __m256i high_mask = _mm256_set1_epi32((int)0xFFFF0000u);
+  const int64_t octets_per_group = c.group_size / 8;
+  const uint8_t* w = c.packed + block * (c.k_in / 8) * 64;
+  for (int half = 0; half < 2; ++half) {  // outputs 8 half .. 8 half + 7: bytes 16 half.. of each 32
+    __m256 y_acc[T];
+    for (int t = 0; t < T; ++t) y_acc[t] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < c.groups; ++g) {
+      __m256 dot[T][2];
+      for (int t = 0; t < T; ++t) dot[t][0] = dot[t][1] = _mm256_setzero_ps();
+      for (int64_t o = g * octets_per_group; o < (g + 1) * octets_per_group; ++o) {
+        const uint8_t* wo = w + o * 64 + 16 * half;
+        // dword l = byte 2l | byte 2l+1 << 8: the codes of inputs k, k+1, k+2, k+3 at bits 0, 8, 4, 12
+        const __m256i words[2] = {_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wo))),
+                                  _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wo + 32)))};
+        for (int j = 0; j < 8; ++j) {
+          static constexpr int kShift[4] = {0, 8, 4, 12};
+          const __m256 q =
+              _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(words[j / 4], kShift[j % 4]), nibble));
+          for (int t = 0; t < T; ++t)
+            dot[t][j % 2] = _mm256_fmadd_ps(q, _mm256_broadcast_ss(x[t] + o * 8 + j), dot[t][j % 2]);
+        }
+      }
+      const __m256i sz = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(c.scale_zero + (block * c.groups + g) * 16 + 8 * half));
+      const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(sz, 16));
+      const __m256 zero = _mm256_castsi256_ps(_mm256_and_si256(sz, high_mask));
+      const __m256 offset = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), scale, zero);  // the codes are q, not q - 8
+      for (int t = 0; t < T; ++t) {
+        y_acc[t] = _mm256_fmadd_ps(scale, _mm256_add_ps(dot[t][0], dot[t][1]), y_acc[t]);
+        y_acc[t] = _mm256_fmadd_ps(offset, _mm256_set1_ps(x_sums[t][g]), y_acc[t]);
+      }
+    }
+    for (int t = 0; t < T; ++t) _mm256_storeu_ps(out[t] + 8 * half, y_acc[t]);
+  }
+}
+
+using Int4Tile = void (*)(const float* const*, const float* const*, const Int4Call&, float (*)[16], int64_t);
+const Int4Tile kInt4Tiles[kRowTile] = {int4_tile<1>, int4_tile<2>, int4_tile<3>, int4_tile<4>};
+
+void int4_output_block(const Int4Call& c, int64_t block) {
+  for (int64_t r0 = 0; r0 < c.m; r0 += kRowTile) {
+    const int tile = static_cast<int>(std::min<int64_t>(kRowTile, c.m - r0));
+    const float* x[kRowTile];
+    const float* x_sums[kRowTile];
+    for (int t = 0; t < tile; ++t) {
+      x[t] = static_cast<const float*>(c.x_rows) + (r0 + t) * c.k_in;
+      x_sums[t] = c.x_sums + (r0 + t) * c.groups;
+    }
+    float out[kRowTile][16];
+    kInt4Tiles[tile - 1](x, x_sums, c, out, block);
+    for (int t = 0; t < tile; ++t)
+      for (int l = 0; l < 16; ++l) c.y[(r0 + t) * c.n_out + block * 16 + l] = c10::BFloat16(out[t][l]);  // nearest even
+  }
+}
+#endif
 }  // namespace
 
 at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t group_size,
@@ -105,24 +206,12 @@ at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t gr
       for (int64_t k = g * group_size; k < (g + 1) * group_size; ++k) s += static_cast<float>(xp[r * k_in + k]);
       sums[r * groups + g] = s;
     }
-  const uint8_t* wp = packed.data_ptr<uint8_t>();
-  const uint32_t* szp = reinterpret_cast<const uint32_t*>(scales_and_zeros.data_ptr<c10::BFloat16>());
-  c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
+  const at::Tensor rows = int4_rows(xc);
+  const Int4Call call{rows.data_ptr(), sums.data(), packed.data_ptr<uint8_t>(),
+                      reinterpret_cast<const uint32_t*>(scales_and_zeros.data_ptr<c10::BFloat16>()),
+                      m, k_in, n_out, group_size, groups, y.data_ptr<c10::BFloat16>()};
   at::parallel_for(0, n_out / 16, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t block = begin; block < end; ++block) {
-      for (int64_t r0 = 0; r0 < m; r0 += kRowTile) {
-        const int tile = static_cast<int>(std::min<int64_t>(kRowTile, m - r0));
-        const uint32_t* x_pairs[kRowTile];
-        const float* x_sums[kRowTile];
-        c10::BFloat16* rows[kRowTile];
-        for (int t = 0; t < tile; ++t) {
-          x_pairs[t] = reinterpret_cast<const uint32_t*>(xp + (r0 + t) * k_in);
-          x_sums[t] = sums.data() + (r0 + t) * groups;
-          rows[t] = yp + (r0 + t) * n_out;
-        }
-        kInt4Blocks[tile - 1](x_pairs, x_sums, wp, szp, k_in, group_size, rows, block);
-      }
-    }
+    for (int64_t block = begin; block < end; ++block) int4_output_block(call, block);
   });
   return y;
 }
@@ -130,7 +219,7 @@ at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t gr
 constexpr bool kInt4Available = false;
 
 at::Tensor int4_matmul(const at::Tensor&, const at::Tensor&, int64_t, const at::Tensor&) {
-  TORCH_CHECK(false, "int4_matmul: this build has no AVX-512 BF16 (check int4_available() first)");
+  TORCH_CHECK(false, "int4_matmul: this build has neither AVX-512 BF16 nor AVX2 (check int4_available() first)");
 }
 #endif
 

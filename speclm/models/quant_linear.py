@@ -107,7 +107,7 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
 
 
 def int4_kernels(device: torch.device) -> ModuleType | None:
-    """speclm's compiled kernels when their int4 matmul runs here (CPU with AVX-512 BF16), else None."""
+    """speclm's compiled kernels when their int4 matmul runs here (CPU with AVX-512 BF16 or AVX2), else None."""
     if device.type != "cpu":
         return None
     kernels = cpu_kernels()
@@ -117,9 +117,9 @@ def int4_kernels(device: torch.device) -> ModuleType | None:
 class Int4Linear(QuantizedLinear):
     """int4 weight-only, asymmetric per group of inputs: W = (q - 8) * scale + zero per group.
 
-    Runs speclm's kernel (AVX-512 BF16 dot products on bf16 activations, rows independent of each
-    other) where it was compiled, else torch's _weight_int4pack_mm_for_cpu; `layout` says which
-    packing `weight` holds. Both compute on the same grid (scales_and_zeros in torch's layout)."""
+    Runs speclm's kernel (exact products with the bf16 activations, summed in fp32, rows independent of
+    each other; AVX-512 BF16 or AVX2) where it was compiled, else torch's _weight_int4pack_mm_for_cpu;
+    `layout` says which packing `weight` holds. Both compute on the same grid (scales_and_zeros in torch's layout)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, group_size: int = 32) -> None:
         super().__init__(weight.shape[1], weight.shape[0], bias)

@@ -195,7 +195,7 @@ def test_loader_is_off_with_the_environment_switch_and_warns_when_the_build_fail
 
 
 int4_kernels = None if kernels is None or not kernels.int4_available() else kernels
-needs_int4 = pytest.mark.skipif(int4_kernels is None, reason="the kernels' int4 matmul needs AVX-512 BF16")
+needs_int4 = pytest.mark.skipif(int4_kernels is None, reason="the kernels' int4 matmul needs AVX-512 BF16 or AVX2")
 
 
 def test_int4_packing_round_trips():
