@@ -1,11 +1,12 @@
 // gguf_matmul's micro-kernel: one block of 16 outputs over the whole input, for up to six activation rows,
 // with integer dot products on the repacked records (gguf_format.h) and fp32 block scales.
 #pragma once
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#include "gguf_format.h"  // SPECLM_GGUF_SIMD: which of the two micro-kernels this CPU compiles
+
+#if SPECLM_GGUF_SIMD == 512
 #include <immintrin.h>
 
 #include "gguf_activations.h"
-#include "gguf_format.h"
 
 #include <cstdint>
 

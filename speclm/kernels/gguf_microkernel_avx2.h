@@ -8,11 +8,12 @@
 // sum needs no offset. Every integer sum is exact and every float operation the AVX-512 kernel's, lane for
 // lane, so both kernels give the same bits.
 #pragma once
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "gguf_format.h"  // SPECLM_GGUF_SIMD: which of the two micro-kernels this CPU compiles
+
+#if SPECLM_GGUF_SIMD == 256  // (a CPU with AVX-512 VNNI compiles gguf_microkernel.h instead)
 #include <immintrin.h>
 
 #include "gguf_activations.h"
-#include "gguf_format.h"
 
 #include <cstdint>
 

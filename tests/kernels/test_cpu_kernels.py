@@ -393,3 +393,35 @@ def test_the_build_name_covers_every_kernel_source():
         including = [u.name for u in units if f'#include "{source.name}"' in u.read_text()]
         assert len(including) == 1, (source.name, including)
     assert set(kernels_module.PACKING_SOURCES) <= set(sources + headers)
+
+
+# -march values for the CPU families the kernels have paths for: AVX-512 with BF16 and VNNI; AVX-512 VNNI without
+# BF16 (int4 on its AVX2 path beside the AVX-512 GGUF kernel); AVX2 alone.
+CPU_FAMILIES = ("sapphirerapids", "icelake-server", "haswell")
+
+
+@needs_kernels
+def test_the_kernels_compile_for_every_cpu_family():
+    """A build compiles for its own CPU (-march=native) only, so each other family's paths are compiled here
+    (-fsyntax-only): a CI machine of one kind catches what breaks another's build. (Both GGUF micro-kernels
+    were defined on AVX-512 CPUs from cf6f826 on; their builds failed while every check ran on AVX2 VMs.)"""
+    import concurrent.futures
+    import os
+    import subprocess
+
+    from torch.utils import cpp_extension
+
+    includes = [arg for path in cpp_extension.include_paths() for arg in ("-isystem", path)]
+    compiler = os.environ.get("CXX", "c++")
+
+    def compile_unit(march: str, unit: str) -> tuple[str, str, int, str]:
+        command = [compiler, "-std=c++17", "-fsyntax-only", f"-march={march}", "-fopenmp", *includes, unit]
+        done = subprocess.run(command, capture_output=True, text=True)
+        errors = [line for line in done.stderr.splitlines() if "error" in line]
+        return march, os.path.basename(unit), done.returncode, "\n".join(errors[:5])
+
+    units = [str(u) for u in kernels_module.UNITS if u.name != "bindings.cpp"]  # (the bindings have no CPU paths)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda job: compile_unit(*job), [(m, u) for m in CPU_FAMILIES for u in units]))
+    failed = [f"-march={march} {unit}:\n{errors}" for march, unit, code, errors in results if code != 0]
+    assert not failed, "\n".join(failed)
