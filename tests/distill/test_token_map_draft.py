@@ -11,7 +11,13 @@ from speclm.models import load_checkpoint
 from speclm.speculative.draft_model import TOKEN_MAP_FILE, DraftModelProposer, load_token_map
 from tests.conftest import STORIES_MODEL
 from tests.speculative.conftest import write_hf_dir
-from tests.speculative.test_exactness import ALPHA, exact_two_token_distribution, g_test_pvalue, sample_two_tokens
+from tests.speculative.test_exactness import (
+    ALPHA,
+    batched,
+    exact_two_token_distribution,
+    g_test_pvalue,
+    sample_two_tokens,
+)
 from tests.speculative.test_greedy_equality import STORY_PROMPTS
 
 
@@ -59,7 +65,7 @@ def test_token_map_draft_greedy_equals_plain_greedy(stories_llm, token_map_draft
 def test_token_map_draft_sampling_matches_target_distribution(stories_llm, token_map_draft_dir):
     params = SamplingParams(temperature=1.5)
     prompt_ids = stories_llm.tokenizer.encode("")
-    llm = stories_llm.with_spec(f"draft:{token_map_draft_dir}", num_speculative_tokens=2, adaptive=False)
+    llm = batched(stories_llm.with_spec(f"draft:{token_map_draft_dir}", num_speculative_tokens=2, adaptive=False))
     counts = sample_two_tokens(llm, prompt_ids, params, 1000)  # fewer than the spec suite: CI time
     pvalue = g_test_pvalue(counts, exact_two_token_distribution(stories_llm, prompt_ids, params))
     assert pvalue > ALPHA, f"token-map draft samples deviate from the target distribution (p={pvalue:.2e})"

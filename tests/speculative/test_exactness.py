@@ -12,12 +12,15 @@ import torch
 from scipy.stats import power_divergence
 
 from speclm import SamplingParams
+from speclm.config import CacheConfig
+from speclm.engine.request import Request
 from speclm.sample.rejection import RejectionSampler
 from speclm.sample.sampler import processed_probs
 from speclm.speculative.hybrid import HybridProposer
 from tests.helpers import ContiguousPass
 
 NUM_SAMPLES = 3000
+BATCH = 64  # seeded runs per engine call (batched)
 ALPHA = 1e-3  # strict level: an exact sampler fails this with probability 0.001
 
 
@@ -34,18 +37,32 @@ def exact_two_token_distribution(llm, prompt_ids: list[int], params: SamplingPar
     return joint.numpy()
 
 
+def batched(llm):
+    """`llm` on an engine of its own that runs BATCH sequences at once, each drafting at every step (a CPU
+    drafts for one sequence at a time by default). Batch invariance makes each seeded run's tokens the
+    ones it gets alone (test_batched_runs_are_the_runs_alone), so the samples are those of one run at a
+    time, drawn faster."""
+    return llm.with_engine(CacheConfig(max_num_seqs=BATCH), spec_max_batch=BATCH)
+
+
 def sample_two_tokens(llm, prompt_ids: list[int], params: SamplingParams, num_samples: int) -> np.ndarray:
     """Counts of the first two tokens of seeded runs of three (the prompt's pass draws the first token; the
-    third lets the step after it verify a draft for the second). A speculating `llm` must have drafted."""
+    third lets the step after it verify a draft for the second), BATCH runs per engine call (`llm` from
+    batched()). A speculating `llm` must have drafted."""
     counts, drafted = np.zeros((llm.model.config.vocab_size,) * 2), 0
-    for seed in range(num_samples):
-        run = dataclasses.replace(params, seed=seed, max_tokens=3, ignore_eos=True)
-        out = llm.generate(prompt_ids, run)[0]
-        t1, t2 = out.token_ids[:2]
-        counts[t1, t2] += 1
-        drafted += out.stats.drafted_tokens
+    for first in range(0, num_samples, BATCH):
+        seeds = range(first, min(first + BATCH, num_samples))
+        runs = [Request(str(seed), prompt_ids, three_tokens(params, seed)) for seed in seeds]
+        for (out,) in llm.engine.generate(runs):
+            t1, t2 = out.token_ids[:2]
+            counts[t1, t2] += 1
+            drafted += out.stats.drafted_tokens
     assert drafted > 0 or llm.spec is None, "no draft was verified: the test would not see the sampler"
     return counts
+
+
+def three_tokens(params: SamplingParams, seed: int) -> SamplingParams:
+    return dataclasses.replace(params, seed=seed, max_tokens=3, ignore_eos=True)
 
 
 def g_test_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
@@ -119,12 +136,13 @@ class CoinHybrid(HybridProposer):
 
 
 def spec_llm(stories_llm, perturbed_stories_dir, method: str, k: int):
+    """stories260K speculating with `method`, batched()."""
     if method == "hybrid-coin":
-        llm = stories_llm.with_spec(f"draft:{perturbed_stories_dir}", num_speculative_tokens=k, adaptive=False)
+        llm = batched(stories_llm.with_spec(f"draft:{perturbed_stories_dir}", num_speculative_tokens=k, adaptive=False))
         llm.proposers._templates[llm.spec.label] = CoinHybrid(llm.proposers(llm.spec).draft)
         return llm
     spec = f"draft:{perturbed_stories_dir}{method[5:]}" if method.startswith("draft") else method
-    return stories_llm.with_spec(spec, num_speculative_tokens=k, adaptive=False)
+    return batched(stories_llm.with_spec(spec, num_speculative_tokens=k, adaptive=False))
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -145,7 +163,7 @@ def test_plain_sampling_matches_target_distribution(stories_llm):
     """The same check on plain decoding, so a failure above points at speculation, not the harness."""
     params = SamplingParams(temperature=1.5)
     prompt_ids = stories_llm.tokenizer.encode("")
-    counts = sample_two_tokens(stories_llm, prompt_ids, params, NUM_SAMPLES)
+    counts = sample_two_tokens(batched(stories_llm), prompt_ids, params, NUM_SAMPLES)
     assert g_test_pvalue(counts, exact_two_token_distribution(stories_llm, prompt_ids, params)) > ALPHA
 
 
@@ -158,3 +176,21 @@ def test_negative_control_rejects_broken_verifier(stories_llm, perturbed_stories
     counts = sample_two_tokens(llm, prompt_ids, params, NUM_SAMPLES)
     pvalue = g_test_pvalue(counts, exact_two_token_distribution(stories_llm, prompt_ids, params))
     assert pvalue < ALPHA, f"the test failed to detect a verifier that skips the residual (p={pvalue:.2e})"
+
+
+@pytest.mark.parametrize("method", ["draft", "layerskip:1"])
+def test_batched_runs_are_the_runs_alone(stories_llm, perturbed_stories_dir, method):
+    """What makes batched() sampling the same as one run at a time: each seeded run in the batch gets the
+    tokens, the drafts and the accepted drafts it gets alone."""
+    _, prompt, params, k = CASES["perturbed-draft"]
+    prompt_ids = stories_llm.tokenizer.encode(prompt)
+    llm = spec_llm(stories_llm, perturbed_stories_dir, method, k)
+    alone = stories_llm.with_spec(llm.spec.label, num_speculative_tokens=k, adaptive=False)
+    runs = [Request(str(seed), prompt_ids, three_tokens(params, seed)) for seed in range(BATCH)]
+    for run, (out,) in zip(runs, llm.engine.generate(runs)):
+        expected = alone.generate(prompt_ids, run.params)[0]
+        assert out.token_ids == expected.token_ids, run.request_id
+        assert (out.stats.drafted_tokens, out.stats.accepted_tokens) == (
+            expected.stats.drafted_tokens,
+            expected.stats.accepted_tokens,
+        ), run.request_id
