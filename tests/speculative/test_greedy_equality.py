@@ -78,7 +78,9 @@ def default_prompts(default_int4_llm, specbench_prompts):
 
 @pytest.fixture(scope="module")
 def default_reference(default_int4_llm, default_prompts):
-    return [default_int4_llm.generate(ids, DEFAULT_PARAMS)[0].token_ids for ids in default_prompts]
+    """Plain greedy output, the prompts in one batch (each equals the prompt alone:
+    tests/engine/test_batch_invariance.py)."""
+    return [o.token_ids for o in default_int4_llm.generate(default_prompts, DEFAULT_PARAMS)]
 
 
 @pytest.mark.slow
