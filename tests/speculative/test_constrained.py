@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import jsonschema
+import numpy as np
 import pytest
 import torch
 
@@ -19,6 +20,7 @@ from speclm.sample.sampler import processed_probs
 from speclm.structured.grammar import compile_constraint
 from speclm.structured.matcher import GrammarMatcher
 from tests.gtest import g_test
+from tests.speculative.test_exactness import batched, sample_two_tokens
 
 SCHEMA = {
     "type": "object",
@@ -209,17 +211,13 @@ def test_constrained_sampling_follows_the_masked_target(stories_llm, perturbed_s
     # (three tokens: the prompt's pass draws the first; the next step verifies a draft for the second)
     params = SamplingParams(temperature=1.0, top_k=4, max_tokens=3, ignore_eos=True, constraint=constraint)
     draft = f"draft:{perturbed_stories_dir},lookup=off"  # the draft model's masked draws
-    llm = stories_llm if spec is None else stories_llm.with_spec(draft, 2, adaptive=False)
+    llm = batched(stories_llm if spec is None else stories_llm.with_spec(draft, 2, adaptive=False))
     prompt_ids = stories_llm.encode("Once upon a time")
     exact = _exact_masked_pairs(stories_llm, prompt_ids, params, constraint)
     wrong = _exact_masked_pairs(stories_llm, prompt_ids, params, constraint, masked=False)
-    samples, counts, drafted = 1500, {}, 0
-    for seed in range(samples):
-        out = llm.generate(prompt_ids, SamplingParams(**{**params.__dict__, "seed": seed}))[0]
-        key = tuple(out.token_ids[:2])
-        counts[key] = counts.get(key, 0) + 1
-        drafted += out.stats.drafted_tokens
-    assert drafted > 0 or spec is None
+    samples = 1500
+    pair_counts = sample_two_tokens(llm, prompt_ids, params, samples)  # (asserts that a draft was verified)
+    counts = {(int(t1), int(t2)): int(pair_counts[t1, t2]) for t1, t2 in zip(*np.nonzero(pair_counts))}
     assert g_test(counts, exact, samples) > 1e-3
     assert g_test(counts, wrong, samples) < 1e-3
 
