@@ -28,12 +28,6 @@ PROMPTS = [
 ]
 
 
-def kernel_isa() -> str:
-    """Which of the kernel's two paths this CPU runs (int_matmul.cpp)."""
-    flags = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")), "").split()
-    return "AVX-512 BF16" if "avx512_bf16" in flags and "avx512bw" in flags else "AVX2"
-
-
 def timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -53,9 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     from speclm.llm import LLM
     from speclm.sampling_params import SamplingParams
 
-    if quant_linear.int4_kernels(torch.device("cpu")) is None:
+    kernels = quant_linear.int4_kernels(torch.device("cpu"))
+    if kernels is None:
         print("error: speclm's int4 kernel is not built on this CPU (it needs AVX-512 BF16 or AVX2)", file=sys.stderr)
         return 2
+    kernel_path = kernels.int4_path()
     models = {"speclm": LLM(weights="int4")}
     with mock.patch.object(quant_linear, "int4_kernels", lambda device: None):
         models["torch"] = LLM(weights="int4")
@@ -98,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         *header_lines("int4 matmul: speclm's kernel against torch's", command, machine, f"; HEAD {commit}"),
         f"SmolLM2-135M-Instruct in `--weights int4` (group 32): its {len(layers['speclm'])} decoder-layer matmuls "
-        f"({nbytes / 1e6:.0f} MB of weights) back to back, M rows each. speclm's kernel runs its {kernel_isa()} path. "
+        f"({nbytes / 1e6:.0f} MB of weights) back to back, M rows each. speclm's kernel runs its "
+        f"{kernel_path} path. "
         f"Medians of {args.rounds} rounds.",
         "",
         "| rows | speclm ms | torch ms | speclm's speed |",
@@ -113,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine,
         "command": command,
         "commit": commit,
-        "kernel_path": kernel_isa(),
+        "kernel_path": kernel_path,
         "median_s": med,
         "tokens": tokens,
     }

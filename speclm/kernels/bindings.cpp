@@ -19,6 +19,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_matmul", &int4_matmul, "bf16 x @ int4 weights (AVX-512 BF16 or AVX2), row-invariant",
         py::call_guard<py::gil_scoped_release>());
   m.def("int4_available", &int4_available, "whether int4_matmul was compiled (AVX-512 BF16 or AVX2 with FMA)");
+  m.def("int4_path", &int4_path, "the vector instructions int4_matmul was compiled for ('' where none)");
   m.def("w8a8_matmul", &w8a8_matmul, "fp32 x (int8 per row) @ int8 weights (AVX-512 VNNI), row-invariant",
         py::call_guard<py::gil_scoped_release>());
   m.def("w8a8_available", &w8a8_available, "whether w8a8_matmul was compiled (AVX-512 VNNI)");
@@ -40,6 +41,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_select_rows", &gguf_select_rows, "a repacked GGUF tensor of some rows of another",
         py::call_guard<py::gil_scoped_release>());
   m.def("gguf_available", &gguf_available, "whether gguf_matmul was compiled (AVX-512 VNNI or AVX2)");
+  m.def("gguf_path", &gguf_path, "the vector instructions gguf_matmul was compiled for ('' where none)");
   m.def("gguf_set_row_group", &gguf_set_row_group, py::arg("rows"),
         "activation rows gguf_matmul multiplies in one pass over the weights (1 to 6); returns the previous number");
   m.def("gguf_set_prefetch", &gguf_set_prefetch, py::arg("one_row"), py::arg("rows"),

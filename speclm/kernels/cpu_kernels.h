@@ -8,6 +8,8 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <string>
+
 at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                        const at::Tensor& lengths, const at::Tensor& slots, const at::Tensor& slot_rows, double scale);
 at::Tensor rope_qkv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin, int64_t heads,
@@ -17,6 +19,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up);
 at::Tensor int4_matmul(const at::Tensor& x, const at::Tensor& packed, int64_t group_size,
                        const at::Tensor& scales_and_zeros);
 bool int4_available();
+std::string int4_path();
 at::Tensor w8a8_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& weight_scales,
                        const at::Tensor& weight_sums);
 bool w8a8_available();

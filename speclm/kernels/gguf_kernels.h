@@ -3,6 +3,7 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <string>
 #include <vector>
 
 int64_t gguf_packed_bytes(int64_t type, int64_t rows, int64_t row_bytes);
@@ -14,6 +15,7 @@ at::Tensor gguf_matmul(const at::Tensor& x, const std::vector<at::Tensor>& packe
 std::vector<at::Tensor> gguf_quantize_activations(const at::Tensor& x, bool k_quant);
 at::Tensor gguf_select_rows(const at::Tensor& packed, int64_t type, int64_t k_in, const at::Tensor& rows);
 bool gguf_available();
+std::string gguf_path();
 // Bytes prefetched ahead of the weights in a pass over one row and over several; returns the previous two.
 std::vector<int64_t> gguf_set_prefetch(int64_t one_row, int64_t rows);
 // Activation rows that share one pass over the weights (1 to 6); returns the previous number.

@@ -84,6 +84,8 @@ void run_type(const uint8_t* packed, int64_t out_blocks, int64_t blocks, int64_t
 
 bool gguf_available() { return kGgufAvailable; }
 
+std::string gguf_path() { return SPECLM_GGUF_SIMD == 512 ? "AVX-512 VNNI" : SPECLM_GGUF_SIMD == 256 ? "AVX2" : ""; }
+
 std::vector<int64_t> gguf_set_prefetch(int64_t one_row, int64_t rows) {
   TORCH_CHECK(one_row >= 0 && one_row % 64 == 0 && rows >= 0 && rows % 64 == 0,
               "gguf_set_prefetch: multiples of 64 bytes, >= 0");

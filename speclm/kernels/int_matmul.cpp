@@ -225,6 +225,16 @@ at::Tensor int4_matmul(const at::Tensor&, const at::Tensor&, int64_t, const at::
 
 bool int4_available() { return kInt4Available; }
 
+std::string int4_path() {
+#if defined(SPECLM_INT4_AVX512)
+  return "AVX-512 BF16";
+#elif defined(SPECLM_INT4_AVX2)
+  return "AVX2";
+#else
+  return "";
+#endif
+}
+
 
 // -- w8a8 matmul (an int4 model's lm_head) --------------------------------------------------------
 // y [M, N] fp32 = x [M, K] fp32 @ W.T with W = q [N, K] int8 * scale[n], and each row of x quantized

@@ -425,3 +425,20 @@ def test_the_kernels_compile_for_every_cpu_family():
         results = list(pool.map(lambda job: compile_unit(*job), [(m, u) for m in CPU_FAMILIES for u in units]))
     failed = [f"-march={march} {unit}:\n{errors}" for march, unit, code, errors in results if code != 0]
     assert not failed, "\n".join(failed)
+
+
+@needs_kernels
+def test_benchmark_files_name_the_instructions_the_kernels_run():
+    """The two AMD EPYC VM kinds share a CPU name (one has AVX-512, one AVX2 only), so a benchmark's machine
+    line names the paths the kernels were compiled for, from the build itself: the CPU's own flags decide
+    them (-march=native)."""
+    from speclm.bench.machine import machine_info
+
+    flags = set(next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split())
+    avx2 = {"avx2", "fma"} <= flags
+    vnni = {"avx512_vnni", "avx512bw", "avx512f"} <= flags
+    gguf = "AVX-512 VNNI" if vnni else "AVX2" if avx2 and "f16c" in flags else ""
+    int4 = "AVX-512 BF16" if {"avx512_bf16", "avx512bw"} <= flags else "AVX2" if avx2 else ""
+    assert (kernels.gguf_path(), kernels.int4_path()) == (gguf, int4)
+    assert kernels.gguf_available() == bool(gguf) and kernels.int4_available() == bool(int4)
+    assert f"GGUF {gguf or 'unavailable'}, int4 {int4 or 'unavailable'}" in machine_info()["cpu"]
