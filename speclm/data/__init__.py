@@ -15,9 +15,18 @@ CODING_PROMPTS = str(Path(__file__).with_name("coding_prompts.jsonl"))
 
 def load_prompts(path: str, per_category: int | None = None, categories: list[str] | None = None) -> list[dict]:
     """First turns, keeping at most `per_category` prompts of each category (file order). `path` may
-    name several files, comma-separated ("code" from one, Spec-Bench's categories from another)."""
-    if "," in path:
-        return [p for one in path.split(",") for p in load_prompts(one, per_category, categories)]
+    name several files, comma-separated ("code" from one, Spec-Bench's categories from another); a file
+    may hold none of the categories, but each category asked for must be in one of them."""
+    prompts = [p for one in path.split(",") for p in _load_file(one, per_category, categories)]
+    missing = sorted(set(categories or ()) - {p["category"] for p in prompts})
+    if missing:
+        raise ValueError(f"{path}: no prompts of category {', '.join(missing)}")
+    if not prompts:
+        raise ValueError(f"{path}: no prompts selected")
+    return prompts
+
+
+def _load_file(path: str, per_category: int | None, categories: list[str] | None) -> list[dict]:
     taken: dict[str, int] = defaultdict(int)
     prompts = []
     with open(path) as f:
@@ -35,6 +44,4 @@ def load_prompts(path: str, per_category: int | None = None, categories: list[st
                 continue
             taken[category] += 1
             prompts.append({"id": row.get("question_id", line_no), "category": category, "text": text})
-    if not prompts:
-        raise ValueError(f"{path}: no prompts selected")
     return prompts
