@@ -59,7 +59,9 @@ class DraftObjective:
     """A small LlamaModel student distilled from the target: divergence (fkl/rkl/jsd at temperature T,
     alpha hard CE) on the target's response positions, optionally on its own samples scored by the
     teacher with probability `on_policy` (GKD's lambda; needs `teacher`), optionally plus a feature loss
-    between the student's and the target's final hidden states (weight `feature_weight`)."""
+    between the student's and the target's final hidden states (weight `feature_weight`). The student
+    scores through the target's head (`space`) unless it has a frozen head of its own (`student_space`,
+    over the same token map: a separate draft model being fitted to this target)."""
 
     def __init__(
         self,
@@ -76,6 +78,7 @@ class DraftObjective:
         batch_size: int = 4,
         max_len: int = 512,
         sample_tokens: int = 64,
+        student_space: HeadSpace | None = None,
     ) -> None:
         if not 0.0 <= on_policy <= 1.0:
             raise ValueError(f"--on-policy (GKD lambda) must be in [0, 1], got {on_policy}")
@@ -85,6 +88,7 @@ class DraftObjective:
         self.features = FeatureDistillation(h, h, [0], [0]) if feature_weight > 0 else None
         self.module = nn.ModuleDict({"student": student} | ({"features": self.features} if self.features else {}))
         self.student, self.data, self.space, self.teacher = student, data, space, teacher
+        self.student_space = student_space or space
         self.kd = dict(divergence=divergence, alpha=alpha, temperature=temperature, beta=beta)
         self.on_policy, self.feature_weight = on_policy, feature_weight
         self.batch_size, self.max_len, self.sample_tokens = batch_size, max_len, sample_tokens
@@ -96,7 +100,7 @@ class DraftObjective:
         hidden = model(prompt, torch.arange(n), cache, AttentionMetadata(0, n))[-1:]
         out = []
         for i in range(self.sample_tokens):
-            probs = torch.softmax(self.space.logits(hidden), dim=-1)  # [1, V']
+            probs = torch.softmax(self.student_space.logits(hidden), dim=-1)  # [1, V']
             row = int(torch.multinomial(probs, 1, generator=generator))
             token = row if self.space.token_map is None else int(self.space.token_map[row])
             out.append(token)
@@ -117,7 +121,7 @@ class DraftObjective:
             n = tokens.numel()
             hidden = training_hidden_states(self.student, tokens)  # [n, hidden]
             rows = torch.arange(prompt_len - 1, n - 1)  # these rows predict the response tokens
-            student_logits = self.space.logits(hidden[rows])  # [r, V']
+            student_logits = self.student_space.logits(hidden[rows])  # [r, V']
             with torch.no_grad():
                 teacher_logits = self.space.logits(features[rows])
             labels, inside = self.space.labels(tokens[rows + 1])
