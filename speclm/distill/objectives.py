@@ -55,6 +55,10 @@ def cut_sequence(data: TargetData, i: int, max_len: int):
     return tokens[cut:], features[cut:], max(1, prompt_len - cut)
 
 
+def _same_map(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+
+
 class DraftObjective:
     """A small LlamaModel student distilled from the target: divergence (fkl/rkl/jsd at temperature T,
     alpha hard CE) on the target's response positions, optionally on its own samples scored by the
@@ -88,6 +92,8 @@ class DraftObjective:
         self.features = FeatureDistillation(h, h, [0], [0]) if feature_weight > 0 else None
         self.module = nn.ModuleDict({"student": student} | ({"features": self.features} if self.features else {}))
         self.student, self.data, self.space, self.teacher = student, data, space, teacher
+        if student_space is not None and not _same_map(student_space.token_map, space.token_map):
+            raise ValueError("the student's head must score the same token map as the teacher's")
         self.student_space = student_space or space
         self.kd = dict(divergence=divergence, alpha=alpha, temperature=temperature, beta=beta)
         self.on_policy, self.feature_weight = on_policy, feature_weight

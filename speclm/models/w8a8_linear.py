@@ -125,8 +125,9 @@ class W8A8Linear(OpModule):
 
     def rows(self, index: torch.Tensor) -> W8A8Linear:
         """A layer computing only output rows `index` (a draft head over a token subset, or the few
-        context tokens a draft head adds as they appear). It reads only those rows: dequantizing a whole
-        vocabulary's head first took ~0.4 s on a 151936-token head, paid at every new context token."""
+        context tokens a draft head adds as they appear). It reads only those rows: dequantizing the whole
+        of a large vocabulary's head at every new context token priced drafting out
+        (benchmarks/draft_source/)."""
         bias = None if self.bias is None else self.bias[index]
         return W8A8Linear(self.dequantized_rows(index), bias)
 

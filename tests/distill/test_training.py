@@ -167,3 +167,5 @@ def test_a_draft_with_its_own_head_is_scored_and_trained_through_it(stories_llm,
     Trainer(own, opts.train, str(tmp_path / "state")).train()
     assert held_out_loss(own) < 0.9 * before
     assert torch.equal(own.student_space.weight, HeadSpace(full_head.roll(1, dims=0), token_map).weight)  # frozen
+    with pytest.raises(ValueError, match="same token map"):
+        DraftObjective(base.student, base.data, base.space, student_space=HeadSpace(full_head, token_map[:-1]))

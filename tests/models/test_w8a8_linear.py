@@ -72,7 +72,6 @@ def test_token_subset_head_equals_its_columns(backend, monkeypatch):
     layer, _, _ = make_layer()
     index = torch.tensor([3, 7, 100, 299, 16, 15])  # (the kernel's blocks hold 16 rows)
     x = torch.randn(3, 64)
-    assert torch.equal(layer.dequantized_rows(index), layer.dequantized_weight()[index])
 
     def whole(*args):  # a draft head adds context rows as tokens appear: cutting must not unpack it all
         raise AssertionError("rows() dequantized the whole head")
