@@ -2,6 +2,7 @@
 features for the training prompts, cached by speclm.distill.data.load_or_build."""
 
 import argparse
+import json
 import os
 import time
 
@@ -15,11 +16,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def training_prompts(specbench: str, coding: str) -> list[str]:
     """Our code prompts, Spec-Bench outside the benchmark's split, and OWN_PROMPTS minus any prompt
     that opens like one of the served benchmark's code prompts (coding_prompts.jsonl)."""
-    import json
-
     with open(os.path.join(HERE, "code_prompts.txt")) as f:
         code = [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
-    bench_code = [json.loads(line)["turns"][0] for line in open(coding)]
+    with open(coding) as f:
+        bench_code = [json.loads(line)["turns"][0] for line in f]
     own = [p for p in OWN_PROMPTS if not any(b.startswith(p[:40]) for b in bench_code)]
     return code + split_specbench(specbench)[1] + own
 

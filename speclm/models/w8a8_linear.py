@@ -84,6 +84,9 @@ class W8A8Linear(OpModule):
             self.weight_sums = sums
             return
         self.packed = torch.ops.quantized.linear_prepack(_quantized_int8_weight(w), None)
+        # (int8 weight [N, K], scales [N]) for rows(), unpacked from fbgemm's layout on its first call and
+        # kept: unpacking costs as much for a few rows as for all, and a draft head cuts rows per new token.
+        self._unpacked: tuple[torch.Tensor, torch.Tensor] | None = None
         self._rows = torch.zeros(1, self.in_features)  # row 0: the +1/-1 pin, then the scaled input rows
         self._rows[0, 0], self._rows[0, 1 % self.in_features] = 1.0, -1.0
 
@@ -119,15 +122,17 @@ class W8A8Linear(OpModule):
             blocks, quads, _ = self.packed.shape
             q = self.packed.view(blocks, quads, 16, 4)[index // 16, :, index % 16, :]  # [n, K/4, 4]
             return q.reshape(index.numel(), quads * 4).float() * self.weight_scales[index, None]
-        weight = torch.ops.quantized.linear_unpack(self.packed)[0]
-        scales = weight.q_per_channel_scales()[index].float()
-        return weight.int_repr()[index].float() * scales[:, None]
+        if self._unpacked is None:
+            weight = torch.ops.quantized.linear_unpack(self.packed)[0]
+            self._unpacked = (weight.int_repr(), weight.q_per_channel_scales().float())
+        q, scales = self._unpacked
+        return q[index].float() * scales[index, None]
 
     def rows(self, index: torch.Tensor) -> W8A8Linear:
         """A layer computing only output rows `index` (a draft head over a token subset, or the few
-        context tokens a draft head adds as they appear). It reads only those rows: dequantizing the whole
-        of a large vocabulary's head at every new context token priced drafting out
-        (benchmarks/draft_source/)."""
+        context tokens a draft head adds as they appear). It dequantizes only those rows (on fbgemm, after
+        one unpacking kept for the next cuts): dequantizing the whole of a large vocabulary's head at every
+        new context token priced drafting out (benchmarks/draft_source/)."""
         bias = None if self.bias is None else self.bias[index]
         return W8A8Linear(self.dequantized_rows(index), bias)
 
