@@ -18,7 +18,7 @@ from speclm.models.gguf_weights import PackArena, native_kernels
 from speclm.models.layer_sources import FloatSource, NativeSource
 from speclm.models.layers import RMSNorm
 from speclm.models.llama import LlamaModel
-from speclm.models.load_tuning import return_big_frees_to_os, single_threaded, trim_freed_memory
+from speclm.models.load_tuning import loading_memory, single_threaded
 from speclm.models.pack_cache import PackCache, StaleEntry
 from speclm.models.quantizers import COMPUTE_DTYPE
 
@@ -46,15 +46,14 @@ def build_model(
         warnings.warn(advice, stacklevel=2)
     if fmt.name != "fp32" and (dtype != torch.float32 or device != "cpu"):
         raise ValueError(f"--weights {fmt.label} runs on the CPU with fp32 activations; got {dtype} on {device}")
-    return_big_frees_to_os()
-    if native and fmt.name in ("auto", "q4_0"):
-        model = _build_native(checkpoint, fmt.name == "q4_0")
-    else:
-        # The float path is many small torch ops, which one thread runs best on a busy machine.
-        source = FloatSource(checkpoint, fmt, dtype, device)
-        with single_threaded():
-            model = _build(checkpoint, source, dtype, device)
-    trim_freed_memory()
+    with loading_memory():
+        if native and fmt.name in ("auto", "q4_0"):
+            model = _build_native(checkpoint, fmt.name == "q4_0")
+        else:
+            # The float path is many small torch ops, which one thread runs best on a busy machine.
+            source = FloatSource(checkpoint, fmt, dtype, device)
+            with single_threaded():
+                model = _build(checkpoint, source, dtype, device)
     return model.eval()
 
 
