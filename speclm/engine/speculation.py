@@ -27,11 +27,13 @@ if TYPE_CHECKING:
 LAZY_LOGITS_NODES = 4
 # A proposer's catch-up (a draft model reading a prompt, or a context that grew while the batch was too
 # big to speculate) is made only if it costs at most this share of the target's expected time for the
-# tokens still wanted: it must be paid back by drafting the rest, which takes a 1.14x speedup from the
-# draft for this share alone. On the pair a 700-token prompt with 256 tokens wanted costs ~0.2 of that
-# time and the draft runs its decoding at ~1.0-1.3x there, where prompt lookup alone does as well; short
-# prompts cost under 0.07 (benchmarks/serve_catch_up/).
-CATCH_UP_SHARE = 1 / 8
+# tokens still wanted: it must be paid back by drafting the rest, which takes a 1.07x speedup from the
+# draft for this share alone. On the pair the draft runs its decoding at ~1.0-1.3x on 600-800-token
+# prompts, where prompt lookup alone does as well (benchmarks/serve_catch_up/); since prompt passes got
+# faster such a prompt costs 0.10-0.14 of the time for 256 tokens (it was ~0.2), so the share sits below
+# that; at the draft's 1.2-1.5 ms a prompt token, a 300-token prompt costs ~0.05
+# (benchmarks/prefill_malloc/catch_up_share.md).
+CATCH_UP_SHARE = 1 / 16
 
 
 @dataclass
