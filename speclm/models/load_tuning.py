@@ -26,8 +26,8 @@ def _libc():
 # glibc's malloc settings while a model runs: the ceilings its own dynamic thresholds would reach (a
 # 32 MB mmap threshold, trimming past twice that): setting a threshold, as loading does, turns those off.
 # Passes over many rows (a prompt chunk, a verification's logits) allocate temporaries of megabytes in
-# every layer; served by mmap, each allocation pays a page fault per 4 KB when first written, about a
-# fifth of a long prompt's prefill (benchmarks/prefill_malloc/). In the heap they are reused.
+# every layer; served by mmap, each allocation pays a page fault per 4 KB when first written, which
+# slowed prompt passes (benchmarks/prefill_malloc/). In the heap they are reused.
 RUNNING_MMAP_THRESHOLD = 32 << 20
 RUNNING_TRIM_THRESHOLD = 64 << 20
 
