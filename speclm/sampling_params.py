@@ -25,6 +25,12 @@ class SamplingParams:
     constraint: a grammar the output must follow (speclm.structured.compile_constraint: a JSON schema,
     a regex, a choice, a grammar); None = free text. logprobs: report each generated token's logprob
     and that many most likely alternatives (0: the chosen token's only); None = none.
+    presence_penalty, frequency_penalty (OpenAI's, in [-2, 2]): subtracted from the logit of every token
+    the output so far holds, once (presence) and once per occurrence (frequency). repetition_penalty
+    (vLLM's and transformers', > 0; 1 = off): the logits of tokens in the prompt or the output so far are
+    divided by it where positive and multiplied by it where negative. Applied before temperature, in
+    that order (speclm/sample/penalties.py), to the target's logits alike in plain decoding and in
+    verification, so speculation stays exact under them.
     """
 
     temperature: float = 0.0
@@ -37,6 +43,9 @@ class SamplingParams:
     ignore_eos: bool = False
     constraint: object | None = None  # a speclm.structured.grammar.Constraint (a higher layer)
     logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -58,6 +67,18 @@ class SamplingParams:
             raise ValueError(f"stop strings must be non-empty strings, got {self.stop!r}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
             raise ValueError(f"logprobs must be an integer in 0..20, got {self.logprobs!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be a number in [-2, 2] (0 disables it), got {value!r}")
+        rp = self.repetition_penalty
+        if not _is_number(rp) or not math.isfinite(rp) or rp <= 0:
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 disables it), got {rp!r}")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty changes the logits (each step's then depend on the tokens before it)."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     @property
     def greedy(self) -> bool:

@@ -167,6 +167,21 @@ def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None
     g.add_argument(
         "--min-p", type=float, default=0.0, help="drop tokens less likely than this times the likeliest (0 = off)"
     )
+    g.add_argument(
+        "--presence-penalty", type=float, default=0.0, help="in [-2, 2]: lower tokens already output, once (0 = off)"
+    )
+    g.add_argument(
+        "--frequency-penalty",
+        type=float,
+        default=0.0,
+        help="in [-2, 2]: lower tokens already output, once per occurrence (0 = off)",
+    )
+    g.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        help="> 0: divide the positive logits (multiply the negative) of tokens in the prompt or output (1 = off)",
+    )
     g.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
     g.add_argument(
         "--stop",
@@ -183,6 +198,9 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
         top_k=args.top_k,
         top_p=args.top_p,
         min_p=args.min_p,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        repetition_penalty=args.repetition_penalty,
         seed=args.seed,
         max_tokens=args.max_tokens,
         stop=args.stop,

@@ -121,6 +121,9 @@ class OutputProcessor:
         """A sequence's next token without drafts: a plain draw from its pending token's row (greedy:
         the argmax), under its grammar if it has one. `speclm bench kv` replaces it to force a given
         text's tokens."""
+        params = state.request.params
+        if params.penalized:
+            rows = rows.penalized(params, state.seq.prompt_ids, state.seq.output_ids, [[]])
         if state.matcher is not None:
             with state.matcher.timed():
                 rows = rows.masked(state.matcher.allowed_mask()[None])
@@ -139,7 +142,13 @@ class OutputProcessor:
         """The granted drafts against their rows: commit the accepted path and a recovered or bonus token."""
         seq, speculation = chunk.seq, state.speculation
         result, tree = speculation.verify(
-            self.verifier, rows, chunk.draft_tokens, state.request.params, state.generator, state.matcher
+            self.verifier,
+            rows,
+            chunk.draft_tokens,
+            state.request.params,
+            state.generator,
+            state.matcher,
+            (seq.prompt_ids, seq.output_ids),
         )
         kept = [0] + [i + 1 for i in result.path]  # rows whose next tokens are now committed
         if not tree.is_chain():  # row r sits at the slot of position start + r: the path moves after the root

@@ -70,9 +70,10 @@ class SequenceState:
 
     def decodes_greedily(self) -> bool:
         """Whether its next step will take its row's argmax and, unless a stop condition ends it, another
-        plain step follow: greedy, no grammar, no drafting, no forks or eviction waiting, tokens left."""
+        plain step follow: greedy, no penalty, no grammar, no drafting, no forks or eviction waiting, tokens left."""
         return (
             self.request.params.greedy
+            and not self.request.params.penalized
             and self.matcher is None
             and self.speculation is None
             and not self.forks

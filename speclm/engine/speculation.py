@@ -210,14 +210,19 @@ class Speculation:
         params: SamplingParams,
         generator: torch.Generator,
         matcher: GrammarMatcher | None = None,
+        history: tuple[list[int], list[int]] = ([], []),
     ) -> tuple[VerificationResult, TokenTree]:
         """The granted drafts (the proposal's first ones) against their rows' logits (1 + len(draft_tokens)
         rows); under a grammar (`matcher`, at the pending token) against the masked rows, so what is
-        committed is distributed as the constrained target."""
+        committed is distributed as the constrained target; under penalties (`params.penalized`) against
+        rows penalized with `history` (the prompt's and the output's tokens so far) and each row's path."""
         granted = len(draft_tokens)
         proposal, tree = self.proposal, self.tree(granted)
         probs = None if proposal.probs is None else proposal.probs[:granted]
         raw, self.row_masks = rows, None
+        if params.penalized:
+            paths = [[draft_tokens[r - 1] for r in path[1:]] for path in tree.row_paths()]
+            rows = rows.penalized(params, history[0], history[1], paths)
         if matcher is not None:
             with matcher.timed():
                 self.row_masks = matcher.tree_masks(tree, draft_tokens)[0]

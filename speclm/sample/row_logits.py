@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from speclm.sample.masked import mask_logits
+from speclm.sample.penalties import penalize
 from speclm.sample.sampler import processed_probs, select_tokens
 from speclm.sampling_params import SamplingParams
 
@@ -67,6 +68,18 @@ class RowLogits:
             return RowLogits.computed(mask_logits(self._host(), masks[: self._logits.shape[0]]))
         masked = RowLogits.on_demand(lambda row: mask_logits(self.row(row), masks[row]))
         return masked
+
+    def penalized(
+        self, params: SamplingParams, prompt_ids: list[int], output_ids: list[int], paths: list[list[int]]
+    ) -> RowLogits:
+        """These rows under the request's penalties (speclm/sample/penalties.py): row r with the output so
+        far plus paths[r], the drafts on its path (row 0: none)."""
+        if self._logits is not None:
+            host = self._host()[: len(paths)]
+            return RowLogits.computed(penalize(host, params, prompt_ids, output_ids, paths))
+        return RowLogits.on_demand(
+            lambda row: penalize(self.row(row)[None], params, prompt_ids, output_ids, [paths[row]])[0]
+        )
 
     def row(self, row: int) -> torch.Tensor:
         """Logits of one row, [vocab]."""

@@ -84,6 +84,11 @@ class GenerationRequest(BaseModel):
     min_p: Number = Field(
         default=0.0, ge=0.0, le=1.0, description="not in OpenAI's API (vLLM and llama-server take it); 0 = off"
     )
+    presence_penalty: Number | None = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: Number | None = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: Number | None = Field(
+        default=1.0, gt=0.0, description="not in OpenAI's API (vLLM's: over prompt and output); 1 = off"
+    )
     n: JsonInt = Field(default=1, ge=1)
     stop: NonEmptyStr | list[NonEmptyStr] | None = None
     seed: JsonInt | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
@@ -159,6 +164,9 @@ class GenerationRequest(BaseModel):
             ignore_eos=self.ignore_eos,
             constraint=constraint,
             logprobs=self.logprobs_count(),
+            presence_penalty=float(self.presence_penalty or 0.0),
+            frequency_penalty=float(self.frequency_penalty or 0.0),
+            repetition_penalty=1.0 if self.repetition_penalty is None else float(self.repetition_penalty),
         )
 
     def logprobs_count(self) -> int | None:

@@ -47,8 +47,6 @@ WITHOUT_EFFECT = frozenset(
 # refused, naming the field. A field with no such value here is served only when null.
 NOT_IMPLEMENTED: dict[str, tuple] = {
     # OpenAI
-    "frequency_penalty": (0,),
-    "presence_penalty": (0,),
     "logit_bias": ({},),
     "best_of": (1,),
     "echo": (False,),
@@ -64,7 +62,6 @@ NOT_IMPLEMENTED: dict[str, tuple] = {
     "moderation": (),
     # vLLM
     "use_beam_search": (False,),
-    "repetition_penalty": (1,),
     "length_penalty": (1,),
     "min_tokens": (0,),
     "stop_token_ids": ([],),

@@ -93,8 +93,8 @@ def test_chat_fields_clients_send_by_default_are_served_as_if_left_out(default_s
         extra_body={"cache_prompt": True},
     )
     assert r.choices[0].message.content == plain.choices[0].message.content
-    with pytest.raises(openai.BadRequestError, match="presence_penalty is not supported"):
-        client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=2, presence_penalty=0.5)
+    with pytest.raises(openai.BadRequestError, match="logit_bias is not supported"):
+        client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=2, logit_bias={"5": 10})
     assert completion_tokens(url, CHAT, n_predict=5) == 5
 
 
@@ -102,13 +102,10 @@ def test_chat_fields_clients_send_by_default_are_served_as_if_left_out(default_s
 @pytest.mark.parametrize(
     "field,value",
     [
-        ("frequency_penalty", 0.5),
-        ("presence_penalty", -1),
         ("logit_bias", {"5": 10}),
         ("best_of", 2),
         ("echo", True),
         ("suffix", " and then"),
-        ("repetition_penalty", 1.1),
         ("repeat_penalty", True),  # (true is not 1)
         ("samplers", ["top_k", "temperature"]),
         ("grammar", 'root ::= "a"'),
@@ -179,3 +176,25 @@ def test_min_p_is_served(server):
     for path in (COMPLETIONS, CHAT):
         r = post(server, path, {}, n_predict=0)
         assert r.status_code == 400 and r.json()["error"]["param"] == "n_predict"
+
+
+def test_penalties_are_served_as_the_engine_applies_them(server, stories_llm):
+    """frequency, presence and repetition penalties reach the engine: the server's greedy text is the
+    in-process engine's under the same penalties, and differs from the unpenalized text."""
+    from speclm import SamplingParams
+
+    penalties = {"frequency_penalty": 2.0, "presence_penalty": 1.0, "repetition_penalty": 1.8}
+    r = post(server, COMPLETIONS, penalties, max_tokens=48, temperature=0)
+    assert r.status_code == 200, r.text
+    want = stories_llm.generate(PROMPT, SamplingParams(max_tokens=48, **penalties))[0].text
+    unpenalized = stories_llm.generate(PROMPT, SamplingParams(max_tokens=48))[0].text
+    assert r.json()["choices"][0]["text"] == want != unpenalized
+
+
+@pytest.mark.parametrize(
+    "field,value", [("presence_penalty", 2.5), ("frequency_penalty", -3), ("repetition_penalty", 0)]
+)
+def test_a_penalty_out_of_range_is_refused(server, field, value):
+    r = post(server, COMPLETIONS, {field: value}, max_tokens=2)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field
