@@ -17,23 +17,33 @@ from speclm.sampling_params import SamplingParams
 def penalize(
     logits: torch.Tensor, params: SamplingParams, prompt_ids: list[int], output_ids: list[int], paths: list[list[int]]
 ) -> torch.Tensor:
-    """logits [rows, vocab] (float32) penalized; row r as if `output_ids + paths[r]` were the output so far."""
-    rows, vocab = logits.shape
-    output = torch.zeros(rows, vocab, dtype=torch.float32)
+    """logits [rows, vocab] penalized (a new float32 tensor); row r as if `output_ids + paths[r]` were the
+    output so far. Only the columns of tokens seen are read and written: a step costs what its context
+    holds, not the vocabulary."""
+    logits = logits.float().clone()
+    drafted = [t for path in paths for t in path]
+    repetition = params.repetition_penalty != 1.0
+    seen = torch.tensor((prompt_ids if repetition else []) + output_ids + drafted, dtype=torch.long)
+    if seen.numel() == 0:
+        return logits
+    columns = torch.unique(seen)  # sorted
+    counts = torch.zeros(len(paths), columns.numel())
     if output_ids:
-        output += torch.bincount(torch.tensor(output_ids), minlength=vocab)[:vocab].float()
+        counts += torch.bincount(torch.searchsorted(columns, torch.tensor(output_ids)), minlength=columns.numel())
     for r, path in enumerate(paths):
-        for token in path:
-            output[r, token] += 1.0
-    logits = logits.float()
-    if params.repetition_penalty != 1.0:
-        seen = output > 0
+        if path:
+            counts[r] += torch.bincount(torch.searchsorted(columns, torch.tensor(path)), minlength=columns.numel())
+    values = logits[: len(paths), columns]
+    if repetition:  # a row penalizes the prompt's tokens and its own output's (not another row's path)
+        in_prompt = torch.zeros(columns.numel(), dtype=torch.bool)
         if prompt_ids:
-            seen[:, torch.tensor(prompt_ids)] = True
+            in_prompt[torch.searchsorted(columns, torch.tensor(prompt_ids))] = True
+        hit = in_prompt | (counts > 0)
         penalty = params.repetition_penalty
-        logits = torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
+        values = torch.where(hit, torch.where(values > 0, values / penalty, values * penalty), values)
     if params.frequency_penalty != 0.0:
-        logits = logits - params.frequency_penalty * output
+        values = values - params.frequency_penalty * counts
     if params.presence_penalty != 0.0:
-        logits = logits - params.presence_penalty * (output > 0).float()
+        values = values - params.presence_penalty * (counts > 0).float()
+    logits[: len(paths), columns] = values
     return logits
