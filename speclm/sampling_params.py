@@ -28,9 +28,9 @@ class SamplingParams:
     presence_penalty, frequency_penalty (OpenAI's, in [-2, 2]): subtracted from the logit of every token
     the output so far holds, once (presence) and once per occurrence (frequency). repetition_penalty
     (vLLM's and transformers', > 0; 1 = off): the logits of tokens in the prompt or the output so far are
-    divided by it where positive and multiplied by it where negative. Applied before temperature, in
-    that order (speclm/sample/penalties.py), to the target's logits alike in plain decoding and in
-    verification, so speculation stays exact under them.
+    divided by it where positive and multiplied by it where negative. Repetition first, then frequency
+    and presence, all before the temperature (speclm/sample/penalties.py), on the target's logits alike in
+    plain decoding and in verification, so speculation stays exact under them.
     """
 
     temperature: float = 0.0
