@@ -14,12 +14,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
+
+from prefill_malloc import MODES, alternating_rounds  # (this folder: the script's directory is on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-MODES = ("before", "after")
 
 
 def status_mb() -> dict:
@@ -68,13 +68,7 @@ def main() -> int:
         return 0
     from speclm.bench.machine import machine_info
 
-    runs: dict[str, list[dict]] = {m: [] for m in MODES}
-    for r in range(args.rounds):
-        for mode in MODES if r % 2 == 0 else MODES[::-1]:
-            cmd = [sys.executable, __file__, "--child", mode]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True)
-            runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(mode, runs[mode][-1], flush=True)
+    runs = alternating_rounds(__file__, args.rounds)
     keys = ("rss_loaded_mb", "peak_loaded_mb", "peak_mb", "rss_end_mb")
     summary = {mode: {k: statistics.median(r[k] for r in rs) for k in keys} for mode, rs in runs.items()}
     machine = machine_info()

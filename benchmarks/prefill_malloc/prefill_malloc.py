@@ -53,6 +53,18 @@ def child(mode: str) -> dict:
     return result
 
 
+def alternating_rounds(script: str, rounds: int) -> dict[str, list[dict]]:
+    """Each mode's results (the last stdout line of `script --child MODE`, as JSON), a fresh process per
+    mode and round, the modes' order alternating by round."""
+    runs: dict[str, list[dict]] = {m: [] for m in MODES}
+    for r in range(rounds):
+        for mode in MODES if r % 2 == 0 else MODES[::-1]:
+            out = subprocess.run([sys.executable, script, "--child", mode], check=True, capture_output=True, text=True)
+            runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(mode, runs[mode][-1], flush=True)
+    return runs
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=HERE)
@@ -64,13 +76,7 @@ def main() -> int:
         return 0
     from speclm.bench.machine import machine_info
 
-    runs: dict[str, list[dict]] = {m: [] for m in MODES}
-    for r in range(args.rounds):
-        for mode in MODES if r % 2 == 0 else MODES[::-1]:
-            cmd = [sys.executable, __file__, "--child", mode]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True)
-            runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(mode, runs[mode][-1], flush=True)
+    runs = alternating_rounds(__file__, args.rounds)
     summary = {}
     for mode, rs in runs.items():
         prefill = [sum(x["tokens"] for x in r["prefill"]) / sum(x["seconds"] for x in r["prefill"]) for r in rs]
